@@ -1,0 +1,60 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+let swiftSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+]
+
+let package = Package(
+    name: "main",
+    products: [
+        .executable(name: "concord-server", targets: ["ConcordServerMain"]),
+        .library(name: "ConcordJSON", targets: ["ConcordJSON"]),
+        .library(name: "ConcordProtocol", targets: ["ConcordProtocol"]),
+        .library(name: "_ConcordCore", targets: ["ConcordCore"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+    ],
+    targets: [
+        // System libraries (Debian packages; `make` installs them).
+        .systemLibrary(name: "CLibUV", pkgConfig: "libuv", providers: [.apt(["libuv1-dev"])]),
+        .systemLibrary(name: "CJemalloc", pkgConfig: "jemalloc", providers: [.apt(["libjemalloc-dev"])]),
+        .target(name: "CConcordRuntime"),
+
+        // Pure Swift layers: no libuv, no sockets, no Foundation.
+        .target(name: "ConcordJSON", swiftSettings: swiftSettings),
+        .target(name: "ConcordProtocol", dependencies: ["ConcordJSON"], swiftSettings: swiftSettings),
+        .target(name: "ConcordCore", dependencies: ["ConcordJSON", "ConcordProtocol"], swiftSettings: swiftSettings),
+
+        // The server: libuv loop, sequencer and worker threads, jemalloc.
+        .target(
+            name: "ConcordServer",
+            dependencies: [
+                "CLibUV", "CJemalloc", "CConcordRuntime", "ConcordJSON", "ConcordProtocol", "ConcordCore",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "ConcordServerMain",
+            dependencies: [
+                "ConcordServer",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+
+        .testTarget(name: "ConcordJSONTests", dependencies: ["ConcordJSON"], swiftSettings: swiftSettings),
+        .testTarget(name: "ConcordProtocolTests", dependencies: ["ConcordProtocol", "ConcordJSON"], swiftSettings: swiftSettings),
+        .testTarget(name: "ConcordCoreTests", dependencies: ["ConcordCore", "ConcordProtocol", "ConcordJSON"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "ConcordIntegrationTests",
+            dependencies: ["ConcordJSON"],
+            swiftSettings: swiftSettings
+        ),
+    ]
+)

@@ -1,0 +1,5 @@
+#ifndef CONCORD_RUNTIME_H
+#define CONCORD_RUNTIME_H
+/* The jemalloc options the server runs with (see docs/ARCHITECTURE.md, "Memory"). */
+extern const char *concord_malloc_conf_in_effect(void);
+#endif

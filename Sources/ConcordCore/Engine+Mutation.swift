@@ -1,0 +1,326 @@
+import ConcordJSON
+import ConcordProtocol
+
+/// One applied op, as the model views need to replay it.
+enum ViewEffect {
+    case update(UpdateEffect)
+    case delete(Set<String>)
+}
+
+/// The outcome of rendering one model view for one mutation.
+struct ModelRender {
+    var ended = false
+    var newIDs: Set<String>? = nil
+    var event: [UInt8]? = nil
+}
+
+extension Engine {
+    // MARK: Applying
+
+    func mutate(_ c: Client, rid: JSON, _ m: Mutation, _ options: MutationOptions) throws(ProtocolError) {
+        var origins: Set<ObjectIdentifier> = []
+        if let o = options.origin {
+            guard let s = c.subs[o] else { throw ProtocolError(.noSuchSub, "origin '\(clipID(o))' is not a live subscription of this connection") }
+            origins.insert(ObjectIdentifier(s))
+        }
+        if case .clear = m {
+            clearAll(c, rid: rid, context: options.context)
+            return
+        }
+        let isBatch: Bool
+        let ops: [(Mutation, origin: String?)]
+        if case .batch(let list) = m {
+            isBatch = true
+            ops = list
+        } else {
+            isBatch = false
+            ops = [(m, nil)]
+        }
+        for (i, op) in ops.enumerated() {
+            guard let o = op.origin else { continue }
+            guard let s = c.subs[o] else {
+                throw ProtocolError(.noSuchSub, "ops[\(i)]: origin '\(clipID(o))' is not a live subscription of this connection")
+            }
+            origins.insert(ObjectIdentifier(s))
+        }
+
+        var effects: [ViewEffect] = []
+        var change = StoreChange()
+        var index = 0
+        do throws(ProtocolError) {
+            for (i, op) in ops.enumerated() {
+                index = i
+                switch op.0 {
+                case .update(let model, let key, let mode, let force):
+                    let prepared = try store.prepareUpdate(model: model, key: key, mode: mode, force: force)
+                    change.formUnion(store.apply(prepared))
+                    effects.append(.update(UpdateEffect(ids: Set(prepared.order), swap: prepared.values, partials: prepared.partials, force: force)))
+                case .deleteEntity(let id):
+                    let ch = store.deleteEntity(id)
+                    change.formUnion(ch)
+                    effects.append(.delete(ch.deleted))
+                case .deleteKey(let key):
+                    change.formUnion(store.deleteDocument(key))
+                case .collectionSet, .collectionInsert, .collectionRemoveAt, .collectionRemoveIDs, .collectionDelete:
+                    throw Self.collectionsUnsupported
+                case .batch, .clear:
+                    throw ProtocolError(.badRequest, "not allowed in a batch")
+                }
+            }
+        } catch {
+            store.rollback()
+            throw isBatch ? error.prefixed("ops[\(index)]") : error
+        }
+        seq += 1
+        render(effects: effects, change: change, origins: origins, context: options.context)
+        store.commit()
+        respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
+    }
+
+    private func clearAll(_ c: Client, rid: JSON, context: JSON?) {
+        seq += 1
+        for client in clients.values {
+            for s in client.subs.values {
+                client.output.append(deleteEventBytes(s, seq: seq, context: context))
+            }
+            if !client.subs.isEmpty { markDirty(client) }
+            client.subs = [:]
+        }
+        modelWatchers = [:]
+        keyViews = [:]
+        idWatchers = [:]
+        feeds = [:]
+        subscriptionCount = 0
+        store.clear()
+        respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
+    }
+
+    // MARK: Rendering
+
+    /// Rewrites every affected view and queues the events. Work on distinct
+    /// views runs through the executor; queuing happens afterwards, serially.
+    private func render(effects: [ViewEffect], change: StoreChange, origins: Set<ObjectIdentifier>, context: JSON?) {
+        let seq = self.seq
+
+        // Model views holding any identity the mutation touched.
+        var models: [ModelView] = []
+        var seenModels: Set<ObjectIdentifier> = []
+        func collect(_ ids: Set<String>) {
+            for id in ids {
+                guard let ws = modelWatchers[id] else { continue }
+                for (oid, v) in ws where seenModels.insert(oid).inserted { models.append(v) }
+            }
+        }
+        for e in effects {
+            switch e {
+            case .update(let u): collect(u.ids)
+            case .delete(let d): collect(d)
+            }
+        }
+
+        // Key views of changed, forced or deleted documents.
+        var keys: [KeyView] = []
+        if !keyViews.isEmpty {
+            for key in change.documentsChanged.union(change.documentsForced).union(change.documentsDeleted) {
+                if let v = keyViews[key] { keys.append(v) }
+            }
+        }
+
+        // Entities whose `entity` event some ids or feed subscription wants.
+        var entityIDs: [String] = []
+        if !idWatchers.isEmpty || !feeds.isEmpty {
+            var wanted: Set<String> = []
+            if !idWatchers.isEmpty {
+                for id in change.valueChanged.union(change.deleted).union(change.forcedHolders) where idWatchers[id] != nil {
+                    wanted.insert(id)
+                }
+            }
+            if !feeds.isEmpty {
+                wanted.formUnion(change.recordChanged)
+                wanted.formUnion(change.deleted)
+            }
+            for id in wanted {
+                if change.forcedHolders.contains(id) || store.valueBeforeMutation(id) != (store.entity(id) ?? .null) {
+                    entityIDs.append(id)
+                }
+            }
+        }
+
+        // Parallel part: each item owns one view or one entity payload.
+        var modelResults = [ModelRender](repeating: ModelRender(), count: models.count)
+        var keyPayloads = [OutputBytes?](repeating: nil, count: keys.count)
+        var entityPayloads = [OutputBytes?](repeating: nil, count: entityIDs.count)
+        let keyEnded = keys.map { change.documentsDeleted.contains($0.key) }
+        let total = models.count + keys.count + entityIDs.count
+        modelResults.withUnsafeMutableBufferPointer { mr in
+            keyPayloads.withUnsafeMutableBufferPointer { kp in
+                entityPayloads.withUnsafeMutableBufferPointer { ep in
+                    executor.forEach(total) { i in
+                        if i < models.count {
+                            mr[i] = renderModel(models[i], effects, seq: seq, origins: origins, context: context)
+                        } else if i < models.count + keys.count {
+                            let k = i - models.count
+                            if !keyEnded[k] {
+                                kp[k] = renderKey(keys[k], forced: change.documentsForced.contains(keys[k].key), context: context)
+                            }
+                        } else {
+                            let e = i - models.count - keys.count
+                            var w = JSONWriter(capacity: 256)
+                            writeEntityBody(&w, id: entityIDs[e], value: store.entity(entityIDs[e]) ?? .null, context: context)
+                            ep[e] = OutputBytes(w.bytes)
+                        }
+                    }
+                }
+            }
+        }
+
+        // Serial part: queue bytes and update indexes, in a fixed order.
+        for (i, view) in models.enumerated() {
+            let r = modelResults[i]
+            guard let s = view.sub else { continue }
+            if let event = r.event {
+                s.client.output.append(event)
+                markDirty(s.client)
+            }
+            if r.ended {
+                s.client.subs[s.name] = nil
+                unregister(s)
+                continue
+            }
+            if let newIDs = r.newIDs, newIDs != view.ids {
+                let oid = ObjectIdentifier(view)
+                for id in view.ids where !newIDs.contains(id) { removeWatcher(id, oid) }
+                for id in newIDs where !view.ids.contains(id) { modelWatchers[id, default: [:]][oid] = view }
+                view.ids = newIDs
+            }
+        }
+        for (k, view) in keys.enumerated() {
+            if keyEnded[k] {
+                for s in view.subs {
+                    s.client.output.append(deleteEventBytes(s, seq: seq, context: context))
+                    markDirty(s.client)
+                    s.client.subs[s.name] = nil
+                    s.slot = -1
+                    subscriptionCount -= 1
+                }
+                view.subs = []
+                keyViews[view.key] = nil
+                continue
+            }
+            guard let payload = keyPayloads[k] else { continue }
+            for s in view.subs {
+                if s.paused {
+                    s.changedWhilePaused = true
+                    s.pausedContext = context
+                    continue
+                }
+                if origins.contains(ObjectIdentifier(s)) { continue }
+                var w = JSONWriter(capacity: 48)
+                eventHeader(&w, "update", s, seq)
+                s.client.output.append(w.bytes)
+                s.client.output.append(shared: payload)
+                markDirty(s.client)
+            }
+        }
+        for (e, id) in entityIDs.enumerated() {
+            let payload = entityPayloads[e]!
+            if let ws = idWatchers[id] {
+                for s in ws.values { sendEntity(s, id, payload, seq: seq, origins: origins, context: context) }
+            }
+            if !feeds.isEmpty && (change.recordChanged.contains(id) || change.deleted.contains(id)) {
+                let type = Tree.type(of: id)
+                for s in feeds.values {
+                    if case .feed(let types?) = s.kind, !types.contains(type) { continue }
+                    sendEntity(s, id, payload, seq: seq, origins: origins, context: context)
+                }
+            }
+        }
+    }
+
+    private func sendEntity(_ s: Subscription, _ id: String, _ payload: OutputBytes, seq: Int, origins: Set<ObjectIdentifier>, context: JSON?) {
+        if s.paused {
+            if s.pausedEntities[id] == nil {
+                s.pausedEntities[id] = store.valueBeforeMutation(id)
+                s.pausedOrder.append(id)
+            }
+            s.changedWhilePaused = true
+            s.pausedContext = context
+            return
+        }
+        if origins.contains(ObjectIdentifier(s)) { return }
+        var w = JSONWriter(capacity: 48)
+        eventHeader(&w, "entity", s, seq)
+        s.client.output.append(w.bytes)
+        s.client.output.append(shared: payload)
+        markDirty(s.client)
+    }
+
+    /// Replays the mutation's ops on one private tree. Runs on a worker:
+    /// touches only this view and its subscription.
+    private func renderModel(_ view: ModelView, _ effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?) -> ModelRender {
+        guard let s = view.sub else { return ModelRender() }
+        var t = view.tree
+        var ids = view.ids
+        var idsFresh = true
+        var forced = false
+        var result = ModelRender()
+        let requiredFn: (String) -> Set<String>? = { self.store.requiredMembers($0) }
+        for e in effects {
+            if !idsFresh {
+                ids = Set(tree.identities(t).order)
+                idsFresh = true
+            }
+            switch e {
+            case .update(let u):
+                guard !ids.isDisjoint(with: u.ids) else { continue }
+                let (nt, c) = tree.rewrite(t, u)
+                if c {
+                    t = nt
+                    idsFresh = false
+                }
+                if u.force { forced = true }
+            case .delete(let d):
+                guard !ids.isDisjoint(with: d) else { continue }
+                switch tree.prune(t, deleted: d, required: requiredFn) {
+                case .deleted:
+                    result.ended = true
+                    result.event = deleteEventBytes(s, seq: seq, context: context)
+                    return result
+                case .kept(let nt):
+                    t = nt
+                    idsFresh = false
+                }
+            }
+        }
+        if !idsFresh { ids = Set(tree.identities(t).order) }
+        result.newIDs = ids
+        let changed = t != view.tree
+        view.tree = t
+        guard changed || forced else { return result }
+        if s.paused {
+            if changed {
+                s.changedWhilePaused = true
+                s.pausedContext = context
+            }
+            return result
+        }
+        if origins.contains(ObjectIdentifier(s)) {
+            view.lastSent = t
+            return result
+        }
+        result.event = modelEventBytes(s, seq: seq, old: view.lastSent, new: t, context: context)
+        view.lastSent = t
+        return result
+    }
+
+    /// Encodes one key's new document once for all its subscribers. Runs on a worker.
+    private func renderKey(_ view: KeyView, forced: Bool, context: JSON?) -> OutputBytes? {
+        let new = store.document(view.key)
+        let old = view.value
+        guard forced || old != new else { return nil }
+        var w = JSONWriter(capacity: 256)
+        writeDocumentBody(&w, old: old, new: new, context: context)
+        view.value = new
+        return OutputBytes(w.bytes)
+    }
+}

@@ -1,0 +1,224 @@
+import ConcordJSON
+import ConcordProtocol
+
+extension Engine {
+    func subscribe(_ c: Client, rid: JSON, name: String, target: SubscribeTarget) throws(ProtocolError) {
+        if c.subs[name] != nil {
+            throw ProtocolError(.subExists, "subscription '\(clipID(name))' already exists on this connection")
+        }
+        if c.subs.count >= configuration.maxSubscriptionsPerConnection {
+            throw ProtocolError(.limitExceeded, "this connection already has \(configuration.maxSubscriptionsPerConnection) subscriptions (the limit)")
+        }
+        switch target {
+        case .model(let model, let refresh):
+            var value = model
+            if refresh {
+                value = tree.substituteAny(model) { store.entity($0) }.0
+            }
+            let view = ModelView(tree: value, ids: Set(tree.identities(value).order))
+            let s = Subscription(client: c, name: name, kind: .model(view))
+            view.sub = s
+            for id in view.ids { modelWatchers[id, default: [:]][ObjectIdentifier(view)] = view }
+            add(s, to: c)
+            respond(c, rid: rid) { w in w.key("model"); w.value(value); w.key("seq"); w.int(seq) }
+        case .key(let key):
+            let view: KeyView
+            if let v = keyViews[key] {
+                view = v
+            } else {
+                view = KeyView(key: key, value: store.document(key))
+                keyViews[key] = view
+            }
+            let s = Subscription(client: c, name: name, kind: .key(view))
+            view.add(s)
+            add(s, to: c)
+            let v = view.value ?? .null
+            respond(c, rid: rid) { w in w.key("model"); w.value(v); w.key("seq"); w.int(seq) }
+        case .ids(let list):
+            var unique: [String] = []
+            var seen: Set<String> = []
+            for id in list where seen.insert(id).inserted { unique.append(id) }
+            let s = Subscription(client: c, name: name, kind: .ids(unique))
+            for id in unique { idWatchers[id, default: [:]][ObjectIdentifier(s)] = s }
+            add(s, to: c)
+            respond(c, rid: rid) { w in
+                w.key("models")
+                w.raw("{")
+                for (i, id) in unique.enumerated() {
+                    if i > 0 { w.raw(",") }
+                    w.string(id)
+                    w.raw(":")
+                    w.value(store.entity(id) ?? .null)
+                }
+                w.raw("}")
+                w.key("seq"); w.int(seq)
+            }
+        case .feed(let types):
+            let s = Subscription(client: c, name: name, kind: .feed(types: types.map { Set($0) }))
+            feeds[ObjectIdentifier(s)] = s
+            add(s, to: c)
+            respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
+        case .collection:
+            throw Self.collectionsUnsupported
+        }
+    }
+
+    private func add(_ s: Subscription, to c: Client) {
+        c.subs[s.name] = s
+        subscriptionCount += 1
+    }
+
+    /// Removes a subscription from every index (the caller removes it from its client).
+    func unregister(_ s: Subscription) {
+        subscriptionCount -= 1
+        switch s.kind {
+        case .model(let view):
+            let oid = ObjectIdentifier(view)
+            for id in view.ids { removeWatcher(id, oid) }
+            view.sub = nil
+        case .key(let view):
+            view.remove(s)
+            if view.subs.isEmpty { keyViews[view.key] = nil }
+        case .ids(let list):
+            let oid = ObjectIdentifier(s)
+            for id in list {
+                if var w = idWatchers.removeValue(forKey: id) {
+                    w[oid] = nil
+                    if !w.isEmpty { idWatchers[id] = w }
+                }
+            }
+        case .feed:
+            feeds[ObjectIdentifier(s)] = nil
+        }
+    }
+
+    func removeWatcher(_ id: String, _ oid: ObjectIdentifier) {
+        if var w = modelWatchers.removeValue(forKey: id) {
+            w[oid] = nil
+            if !w.isEmpty { modelWatchers[id] = w }
+        }
+    }
+
+    // MARK: Pause and resume
+
+    func pause(_ s: Subscription) {
+        guard !s.paused else { return }
+        s.paused = true
+        s.changedWhilePaused = false
+        s.pausedContext = nil
+        switch s.kind {
+        case .key(let view):
+            s.pausedDocument = view.value
+        case .ids, .feed:
+            s.pausedEntities = [:]
+            s.pausedOrder = []
+        case .model:
+            break  // lastSent already holds what the client has
+        }
+    }
+
+    /// Sends at most one event taking the subscriber from what it last got to now.
+    func resume(_ s: Subscription) {
+        guard s.paused else { return }
+        s.paused = false
+        let c = s.client
+        let context = s.changedWhilePaused ? s.pausedContext : nil
+        defer {
+            s.changedWhilePaused = false
+            s.pausedContext = nil
+            s.pausedDocument = nil
+            s.pausedEntities = [:]
+            s.pausedOrder = []
+        }
+        switch s.kind {
+        case .model(let view):
+            guard view.tree != view.lastSent else { return }
+            let bytes = modelEventBytes(s, seq: seq, old: view.lastSent, new: view.tree, context: context)
+            view.lastSent = view.tree
+            c.output.append(bytes)
+            markDirty(c)
+        case .key(let view):
+            let base = s.pausedDocument
+            let now = view.value
+            if base == now { return }
+            var w = JSONWriter()
+            eventHeader(&w, "update", s, seq)
+            writeDocumentBody(&w, old: base, new: now, context: context)
+            c.output.append(w.bytes)
+            markDirty(c)
+        case .ids, .feed:
+            for id in s.pausedOrder {
+                let base = s.pausedEntities[id] ?? .null
+                let now = store.entity(id) ?? .null
+                if base == now { continue }
+                var w = JSONWriter()
+                eventHeader(&w, "entity", s, seq)
+                writeEntityBody(&w, id: id, value: now, context: context)
+                c.output.append(w.bytes)
+            }
+            markDirty(c)
+        }
+    }
+
+    // MARK: Event encoding
+
+    /// `{"event":"<kind>","sub":<name>,"seq":<n>` — the per-subscriber head.
+    func eventHeader(_ w: inout JSONWriter, _ event: StaticString, _ s: Subscription, _ seq: Int) {
+        w.raw("{\"event\":\"")
+        w.raw(event)
+        w.raw("\",\"sub\":")
+        w.raw(s.encodedName)
+        w.raw(",\"seq\":")
+        w.int(seq)
+    }
+
+    /// `,"model":…,"changed":[…],"deleted":[…][,"context":…]}\n`
+    func writeDocumentBody(_ w: inout JSONWriter, old: JSON?, new: JSON?, context: JSON?) {
+        let (changed, deleted) = tree.diff(old: old, new: new)
+        w.raw(",\"model\":")
+        w.value(new ?? .null)
+        w.raw(",\"changed\":[")
+        for (i, id) in changed.enumerated() {
+            if i > 0 { w.raw(",") }
+            w.string(id)
+        }
+        w.raw("],\"deleted\":[")
+        for (i, id) in deleted.enumerated() {
+            if i > 0 { w.raw(",") }
+            w.string(id)
+        }
+        w.raw("]")
+        writeContextAndEnd(&w, context)
+    }
+
+    /// `,"id":…,"model":…[,"context":…]}\n`
+    func writeEntityBody(_ w: inout JSONWriter, id: String, value: JSON, context: JSON?) {
+        w.raw(",\"id\":")
+        w.string(id)
+        w.raw(",\"model\":")
+        w.value(value)
+        writeContextAndEnd(&w, context)
+    }
+
+    func writeContextAndEnd(_ w: inout JSONWriter, _ context: JSON?) {
+        if let context {
+            w.raw(",\"context\":")
+            w.value(context)
+        }
+        w.raw("}\n")
+    }
+
+    func modelEventBytes(_ s: Subscription, seq: Int, old: JSON, new: JSON, context: JSON?) -> [UInt8] {
+        var w = JSONWriter(capacity: 256)
+        eventHeader(&w, "update", s, seq)
+        writeDocumentBody(&w, old: old, new: new, context: context)
+        return w.bytes
+    }
+
+    func deleteEventBytes(_ s: Subscription, seq: Int, context: JSON?) -> [UInt8] {
+        var w = JSONWriter(capacity: 64)
+        eventHeader(&w, "delete", s, seq)
+        writeContextAndEnd(&w, context)
+        return w.bytes
+    }
+}

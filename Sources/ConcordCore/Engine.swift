@@ -1,0 +1,286 @@
+public import ConcordJSON
+public import ConcordProtocol
+
+/// A connection's number, chosen by the driver.
+public typealias ConnectionID = Int
+
+/// Settings of the consistency core. Every member has the documented default.
+public struct EngineConfiguration: Sendable {
+    /// The identity member of entities (`--id-key`). Default `"id"`.
+    public var idKey = "id"
+    /// Maximum nesting of a request line; the request object is level 1. Default 128.
+    public var maxDepth = 128
+    /// Maximum line length without its newline. Default 16 MiB.
+    public var maxLineBytes = 16 << 20
+    /// Live subscriptions per connection. Default 65536.
+    public var maxSubscriptionsPerConnection = 65536
+    /// Reported by `hello`.
+    public var serverName = "concord-server"
+    public var version = "0.1.0"
+
+    public init() {}
+}
+
+/// Figures the driver adds to `stats` (allocator, cache backend).
+public protocol EngineStatsSource: AnyObject {
+    func memoryStats() -> JSON
+    func cacheStats() -> JSON
+}
+
+/// The consistency core: a deterministic state machine.
+///
+/// The driver feeds it lines and connection events in one total order; it
+/// answers by appending bytes to each connection's ``OutputQueue``. All its
+/// state is owned by the thread that calls it. The only parallelism is
+/// inside one mutation: views are rewritten and events encoded through the
+/// ``ParallelExecutor``, each work item touching its own view only, and the
+/// results are assembled in a fixed order afterwards — so output does not
+/// depend on the number of threads.
+public final class Engine {
+    public let configuration: EngineConfiguration
+    let executor: any ParallelExecutor
+    public weak var statsSource: (any EngineStatsSource)?
+
+    let store: Store
+    var tree: Tree { store.tree }
+    let parser: JSONParser
+
+    var clients: [ConnectionID: Client] = [:]
+    var dirtyClients: [Client] = []
+
+    /// Identity → the model views holding it.
+    var modelWatchers: [String: [ObjectIdentifier: ModelView]] = [:]
+    var keyViews: [String: KeyView] = [:]
+    /// Identity → the `ids` subscriptions listing it.
+    var idWatchers: [String: [ObjectIdentifier: Subscription]] = [:]
+    var feeds: [ObjectIdentifier: Subscription] = [:]
+    var subscriptionCount = 0
+
+    /// The number of the last applied mutation.
+    public internal(set) var seq = 0
+    /// Once set, every request is answered `shutting_down`.
+    public var isShuttingDown = false
+
+    public init(configuration: EngineConfiguration = EngineConfiguration(), executor: any ParallelExecutor = InlineExecutor()) {
+        self.configuration = configuration
+        self.executor = executor
+        self.store = Store(idKey: configuration.idKey)
+        self.parser = JSONParser(maxDepth: configuration.maxDepth)
+    }
+
+    // MARK: Connections
+
+    public func open(_ id: ConnectionID) {
+        clients[id] = Client(id: id)
+    }
+
+    /// Ends every subscription of the connection; nothing of it stays behind.
+    public func close(_ id: ConnectionID) {
+        guard let c = clients.removeValue(forKey: id) else { return }
+        for s in c.subs.values { unregister(s) }
+        c.subs = [:]
+    }
+
+    public var connectionCount: Int { clients.count }
+
+    /// Output queued since the last call, per connection, in the order it must be written.
+    public func takeOutput() -> [(ConnectionID, [OutputBytes])] {
+        var out: [(ConnectionID, [OutputBytes])] = []
+        out.reserveCapacity(dirtyClients.count)
+        for c in dirtyClients {
+            c.dirty = false
+            let segs = c.output.take()
+            if !segs.isEmpty { out.append((c.id, segs)) }
+        }
+        dirtyClients.removeAll(keepingCapacity: true)
+        return out
+    }
+
+    /// Bytes queued for a connection and not yet taken.
+    public func queuedBytes(_ id: ConnectionID) -> Int { clients[id]?.output.byteCount ?? 0 }
+
+    // MARK: Input
+
+    /// A line the framer found too long.
+    public func handleTooLarge(from id: ConnectionID) {
+        guard let c = clients[id] else { return }
+        respondError(c, rid: .null, ProtocolError(.tooLarge, "line longer than \(configuration.maxLineBytes) bytes; skipped up to its newline"))
+    }
+
+    /// Parses and answers one request line.
+    public func handleLine(_ line: [UInt8], from id: ConnectionID) {
+        handle(Self.parse(line, parser: parser), from: id)
+    }
+
+    /// A line parsed (possibly on another thread) by ``parse(_:parser:)``.
+    public enum ParsedLine: Sendable {
+        case value(JSON)
+        case failure(ProtocolError)
+    }
+
+    public static func parse(_ line: [UInt8], parser: JSONParser) -> ParsedLine {
+        do {
+            return .value(try parser.parse(line))
+        } catch {
+            switch error.kind {
+            case .tooDeep: return .failure(ProtocolError(.tooDeep, "\(error.reason) at byte \(error.offset)"))
+            case .syntax: return .failure(ProtocolError(.parseError, "invalid JSON: \(error.reason) at byte \(error.offset)"))
+            }
+        }
+    }
+
+    public var lineParser: JSONParser { parser }
+
+    public func handle(_ parsed: ParsedLine, from id: ConnectionID) {
+        guard let c = clients[id] else { return }
+        let value: JSON
+        switch parsed {
+        case .failure(let e):
+            respondError(c, rid: .null, e)
+            return
+        case .value(let v):
+            value = v
+        }
+        let request: Request
+        do {
+            request = try Request.decode(value, idKey: configuration.idKey)
+        } catch {
+            var rid = JSON.null
+            if case .object(let o) = value, let r = Request.rid(of: o) { rid = r }
+            respondError(c, rid: rid, error)
+            return
+        }
+        if isShuttingDown {
+            respondError(c, rid: request.rid, ProtocolError(.shuttingDown, "the server is shutting down"))
+            return
+        }
+        do {
+            try dispatch(request, c)
+        } catch {
+            respondError(c, rid: request.rid, error)
+        }
+    }
+
+    func dispatch(_ r: Request, _ c: Client) throws(ProtocolError) {
+        switch r.op {
+        case .hello:
+            respond(c, rid: r.rid) { w in
+                w.key("server"); w.string(configuration.serverName)
+                w.key("version"); w.string(configuration.version)
+                w.key("protocol"); w.int(1)
+                w.key("id_key"); w.string(configuration.idKey)
+                w.key("limits"); w.raw("{\"max_depth\":"); w.int(configuration.maxDepth)
+                w.raw(",\"max_line_bytes\":"); w.int(configuration.maxLineBytes)
+                w.raw(",\"max_subscriptions\":"); w.int(configuration.maxSubscriptionsPerConnection)
+                w.raw("}")
+            }
+        case .ping:
+            respond(c, rid: r.rid) { w in w.key("seq"); w.int(seq) }
+        case .stats:
+            respondStats(c, rid: r.rid)
+        case .get(let target):
+            switch target {
+            case .key(let k):
+                let v = store.document(k) ?? .null
+                respond(c, rid: r.rid) { w in w.key("model"); w.value(v); w.key("seq"); w.int(seq) }
+            case .id(let id):
+                let v = store.entity(id) ?? .null
+                respond(c, rid: r.rid) { w in w.key("model"); w.value(v); w.key("seq"); w.int(seq) }
+            case .collection:
+                throw Self.collectionsUnsupported
+            }
+        case .schema(let lists):
+            if let lists { store.setSchema(lists) }
+            respond(c, rid: r.rid) { w in
+                w.key("required")
+                w.raw("{")
+                for (i, entry) in store.requiredLists.enumerated() {
+                    if i > 0 { w.raw(",") }
+                    w.string(entry.type)
+                    w.raw(":[")
+                    for (j, m) in entry.members.enumerated() {
+                        if j > 0 { w.raw(",") }
+                        w.string(m)
+                    }
+                    w.raw("]")
+                }
+                w.raw("}")
+            }
+        case .subscribe(let name, let target):
+            try subscribe(c, rid: r.rid, name: name, target: target)
+        case .unsubscribe(let name):
+            guard let s = c.subs.removeValue(forKey: name) else { throw noSuchSub(name) }
+            unregister(s)
+            respond(c, rid: r.rid) { _ in }
+        case .pause(let name):
+            guard let s = c.subs[name] else { throw noSuchSub(name) }
+            pause(s)
+            respond(c, rid: r.rid) { _ in }
+        case .resume(let name):
+            guard let s = c.subs[name] else { throw noSuchSub(name) }
+            resume(s)
+            respond(c, rid: r.rid) { _ in }
+        case .mutation(let m, let options):
+            try mutate(c, rid: r.rid, m, options)
+        }
+    }
+
+    static let collectionsUnsupported = ProtocolError(.internal, "collections are not implemented by this server build yet")
+
+    func noSuchSub(_ name: String) -> ProtocolError {
+        ProtocolError(.noSuchSub, "no live subscription named '\(clipID(name))' on this connection")
+    }
+
+    // MARK: Responses
+
+    func markDirty(_ c: Client) {
+        if !c.dirty {
+            c.dirty = true
+            dirtyClients.append(c)
+        }
+    }
+
+    func respond(_ c: Client, rid: JSON, _ body: (inout JSONWriter) -> Void) {
+        var w = JSONWriter(capacity: 64)
+        w.raw("{\"rid\":")
+        w.value(rid)
+        w.raw(",\"ok\":true")
+        body(&w)
+        w.raw("}\n")
+        c.output.append(w.bytes)
+        markDirty(c)
+    }
+
+    func respondError(_ c: Client, rid: JSON, _ e: ProtocolError) {
+        var w = JSONWriter(capacity: 96)
+        w.raw("{\"rid\":")
+        w.value(rid)
+        w.raw(",\"ok\":false,\"error\":{\"code\":")
+        w.string(e.code.rawValue)
+        w.raw(",\"message\":")
+        w.string(e.message)
+        w.raw("}}\n")
+        c.output.append(w.bytes)
+        markDirty(c)
+    }
+
+    func respondStats(_ c: Client, rid: JSON) {
+        let memory = statsSource?.memoryStats() ?? .object(JSONObject())
+        let cache = statsSource?.cacheStats() ?? ["backend": "memory", "entities": .int(store.entities.count)]
+        respond(c, rid: rid) { w in
+            w.key("connections"); w.int(clients.count)
+            w.key("subscriptions"); w.int(subscriptionCount)
+            w.key("entities"); w.int(store.entities.count)
+            w.key("documents"); w.int(store.documents.count)
+            w.key("collections"); w.int(0)
+            w.key("seq"); w.int(seq)
+            w.key("memory"); w.value(memory)
+            w.key("cache"); w.value(cache)
+        }
+    }
+
+    /// Entities, documents and live subscriptions, for the driver's logs.
+    public var counts: (entities: Int, documents: Int, subscriptions: Int) {
+        (store.entities.count, store.documents.count, subscriptionCount)
+    }
+}

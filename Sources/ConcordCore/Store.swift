@@ -1,0 +1,409 @@
+import ConcordJSON
+import ConcordProtocol
+
+/// One entity's current version.
+///
+/// `value` is materialized: nested entities appear with their own current
+/// version, shared copy-on-write with their records, so reading an entity or
+/// a document never walks the graph. `children`/`referrers` are the
+/// normalized structure: who this record references directly, and who
+/// references it. When a child changes, each referrer is re-materialized by
+/// substituting its top-most nested entities (cost: the referrer's own size).
+final class EntityRecord {
+    var value: JSON
+    var children: [String: Int]
+
+    init(value: JSON, children: [String: Int]) {
+        self.value = value
+        self.children = children
+    }
+}
+
+/// A document stored under a cache key: a tree whose top-most entities are references.
+final class DocumentRecord {
+    var value: JSON
+    var children: [String: Int]
+
+    init(value: JSON, children: [String: Int]) {
+        self.value = value
+        self.children = children
+    }
+}
+
+/// What one store operation did, for the views.
+struct StoreChange {
+    /// Entities whose materialized value changed (an own write or a nested change).
+    var valueChanged: Set<String> = []
+    /// Entities whose own record was written with a change, deleted, or forced: the feed.
+    var recordChanged: Set<String> = []
+    /// Entities deleted (cascades included).
+    var deleted: Set<String> = []
+    /// Entities forced, plus every entity holding one.
+    var forcedHolders: Set<String> = []
+    /// Documents whose value changed (or was forced).
+    var documentsChanged: Set<String> = []
+    /// Documents removed.
+    var documentsDeleted: Set<String> = []
+    /// Documents that hold a forced entity (told even when unchanged).
+    var documentsForced: Set<String> = []
+
+    mutating func formUnion(_ o: StoreChange) {
+        valueChanged.formUnion(o.valueChanged)
+        recordChanged.formUnion(o.recordChanged)
+        deleted.formUnion(o.deleted)
+        forcedHolders.formUnion(o.forcedHolders)
+        documentsChanged.formUnion(o.documentsChanged)
+        documentsDeleted.formUnion(o.documentsDeleted)
+        documentsForced.formUnion(o.documentsForced)
+    }
+}
+
+/// The normalized in-memory store: entities by identity, documents by key,
+/// the schema. Deterministic and single-threaded; the engine owns it.
+final class Store {
+    let tree: Tree
+    private(set) var entities: [String: EntityRecord] = [:]
+    private(set) var documents: [String: DocumentRecord] = [:]
+    /// Entity → the entities that reference it directly (with counts). Kept
+    /// apart from the records: a reference may precede its target.
+    private var referrers: [String: [String: Int]] = [:]
+    /// Entity → the documents that hold it as a top-most entity.
+    private var documentReferrers: [String: [String: Int]] = [:]
+    /// Required members per type, and the order types were first declared in.
+    private(set) var required: [String: Set<String>] = [:]
+    private(set) var requiredLists: [(type: String, members: [String])] = []
+
+    /// First-touch values of the running mutation: what each entity and
+    /// document was before it (nil: absent). Rollback restores them; views
+    /// use them as "the value before" for paused subscriptions.
+    private(set) var entityJournal: [String: JSON?] = [:]
+    private(set) var documentJournal: [String: JSON?] = [:]
+
+    init(idKey: String) {
+        tree = Tree(idKey: idKey)
+    }
+
+    /// Forgets the journal: the running mutation is committed.
+    func commit() {
+        entityJournal.removeAll(keepingCapacity: true)
+        documentJournal.removeAll(keepingCapacity: true)
+    }
+
+    /// Undoes everything since the last `commit`.
+    func rollback() {
+        let ents = entityJournal
+        let docs = documentJournal
+        for (key, old) in docs { setDocument(key, old) }
+        for (id, old) in ents {
+            if let old { setEntity(id, old) } else { removeEntity(id) }
+        }
+        commit()
+    }
+
+    /// The value an entity had before the running mutation (null: absent).
+    func valueBeforeMutation(_ id: String) -> JSON {
+        if let j = entityJournal[id] { return j ?? .null }
+        return entities[id]?.value ?? .null
+    }
+
+    func entity(_ id: String) -> JSON? { entities[id]?.value }
+    func document(_ key: String) -> JSON? { documents[key]?.value }
+    func requiredMembers(_ type: String) -> Set<String>? { required[type] }
+
+    // MARK: Schema
+
+    func setSchema(_ lists: [(type: String, members: [String])]) {
+        for (type, members) in lists {
+            requiredLists.removeAll { $0.type == type }
+            if members.isEmpty {
+                required[type] = nil
+            } else {
+                var unique: [String] = []
+                for m in members where !unique.contains(m) { unique.append(m) }
+                required[type] = Set(unique)
+                requiredLists.append((type, unique))
+            }
+        }
+    }
+
+    // MARK: Update
+
+    /// Results of `prepareUpdate`: the new versions, not yet written.
+    struct PreparedUpdate {
+        var order: [String]
+        /// New materialized value per entity of the update.
+        var values: [String: JSON]
+        /// Merge mode: each entity as the update gave it (nested partials resolved).
+        var partials: [String: JSON]?
+        var mode: UpdateMode
+        var force: Bool
+        var key: String?
+        var model: JSON
+    }
+
+    /// Computes the new versions of an update's entities without writing them.
+    /// Throws `bad_request` when a merge would make an entity contain itself.
+    func prepareUpdate(model: JSON, key: String?, mode: UpdateMode, force: Bool) throws(ProtocolError) -> PreparedUpdate {
+        let (order, winners) = tree.flatten(model)
+        let resolved = tree.resolve(winners, order: order)
+        guard mode == .merge else {
+            return PreparedUpdate(order: order, values: resolved, partials: nil, mode: mode, force: force, key: key, model: model)
+        }
+        // Merge: members present in the update win, absent ones are kept from
+        // the stored record; nested entities merge by identity on their own.
+        var merged: [String: JSON] = [:]
+        var inProgress: Set<String> = []
+        func mergedValue(_ id: String) -> JSON? {
+            if let m = merged[id] { return m }
+            guard let partial = resolved[id] else { return entities[id]?.value }
+            if inProgress.contains(id) { return nil }
+            inProgress.insert(id)
+            var base = entities[id]?.value.objectValue ?? JSONObject()
+            if let p = partial.objectValue {
+                for member in p.members { base[member.key] = member.value }
+            }
+            let result = tree.substituteNested(.object(base)) { mergedValue($0) }
+            inProgress.remove(id)
+            merged[id] = result
+            return result
+        }
+        for id in order { _ = mergedValue(id) }
+        // A kept member may reference an entity that now contains this one.
+        if let (a, b) = findCycle(newValues: merged) {
+            throw ProtocolError(.badRequest, "merge would make entity '\(clipID(a))' contain itself through '\(clipID(b))'")
+        }
+        return PreparedUpdate(order: order, values: merged, partials: resolved, mode: mode, force: force, key: key, model: model)
+    }
+
+    private func findCycle(newValues: [String: JSON]) -> (String, String)? {
+        var childrenOf: [String: [String: Int]] = [:]
+        for (id, v) in newValues { childrenOf[id] = tree.nestedEntities(v) }
+        func children(_ id: String) -> [String: Int] { childrenOf[id] ?? entities[id]?.children ?? [:] }
+        for (root, kids) in childrenOf {
+            var stack = Array(kids.keys)
+            var seen: Set<String> = []
+            while let id = stack.popLast() {
+                if id == root { return (root, kids.keys.sorted().first ?? root) }
+                if !seen.insert(id).inserted { continue }
+                stack.append(contentsOf: children(id).keys)
+            }
+        }
+        return nil
+    }
+
+    /// Writes a prepared update and re-materializes everything that holds its entities.
+    func apply(_ u: PreparedUpdate) -> StoreChange {
+        var change = StoreChange()
+        for id in u.order {
+            guard let newValue = u.values[id] else { continue }
+            let old = entities[id]?.value
+            if let old {
+                if !tree.sameRecord(old, newValue) { change.recordChanged.insert(id) }
+                if old != newValue { change.valueChanged.insert(id) }
+            } else {
+                change.recordChanged.insert(id)
+                change.valueChanged.insert(id)
+            }
+            setEntity(id, newValue)
+        }
+        let written = Set(u.order)
+        propagate(from: change.valueChanged, skipping: written, deleted: [], into: &change)
+        if u.force {
+            change.recordChanged.formUnion(written)
+            var holders = written
+            var docs: Set<String> = []
+            var queue = Array(written)
+            while let id = queue.popLast() {
+                    for r in (referrers[id] ?? [:]).keys where holders.insert(r).inserted { queue.append(r) }
+                docs.formUnion((documentReferrers[id] ?? [:]).keys)
+            }
+            change.forcedHolders = holders
+            change.documentsForced = docs
+        }
+        if let key = u.key {
+            let value = tree.substituteAny(u.model) { entities[$0]?.value }.0
+            let old = documents[key]?.value
+            setDocument(key, value)
+            if old == nil || old! != value { change.documentsChanged.insert(key) }
+            if u.force { change.documentsForced.insert(key) }
+        }
+        return change
+    }
+
+    // MARK: Delete
+
+    /// Deletes an entity and everything the schema cascades to.
+    func deleteEntity(_ id: String) -> StoreChange {
+        var change = StoreChange()
+        var deleted: Set<String> = [id]
+        var queue = [id]
+        let requiredFn: (String) -> Set<String>? = { self.required[$0] }
+        while let d = queue.popLast() {
+            for parent in (referrers[d] ?? [:]).keys where !deleted.contains(parent) {
+                guard let pv = entities[parent]?.value else { continue }
+                if case .deleted = tree.prune(pv, deleted: deleted, required: requiredFn, current: { _ in nil }) {
+                    deleted.insert(parent)
+                    queue.append(parent)
+                }
+            }
+        }
+        change.deleted = deleted
+        // Who held the deleted entities, before they go.
+        var parents: Set<String> = []
+        var docs: Set<String> = []
+        for d in deleted {
+            for p in (referrers[d] ?? [:]).keys where !deleted.contains(p) { parents.insert(p) }
+            docs.formUnion((documentReferrers[d] ?? [:]).keys)
+        }
+        for d in deleted where entities[d] != nil { removeEntity(d) }
+        change.recordChanged = deleted.union(parents)
+        propagate(from: [], skipping: [], deleted: deleted, seeds: parents, documents: docs, into: &change)
+        return change
+    }
+
+    func deleteDocument(_ key: String) -> StoreChange {
+        var change = StoreChange()
+        if documents[key] != nil {
+            setDocument(key, nil)
+        }
+        change.documentsDeleted.insert(key)
+        return change
+    }
+
+    func clear() {
+        commit()
+        entities = [:]
+        documents = [:]
+        referrers = [:]
+        documentReferrers = [:]
+    }
+
+    // MARK: Propagation
+
+    /// Re-materializes every entity and document that holds a changed one,
+    /// children before parents, and records what changed.
+    private func propagate(
+        from changed: Set<String>,
+        skipping written: Set<String>,
+        deleted: Set<String>,
+        seeds extraSeeds: Set<String> = [],
+        documents extraDocs: Set<String> = [],
+        into change: inout StoreChange
+    ) {
+        // Upward closure through referrers.
+        var toRefresh: Set<String> = extraSeeds
+        var queue = Array(changed) + Array(extraSeeds)
+        var docs = extraDocs
+        while let id = queue.popLast() {
+            docs.formUnion((documentReferrers[id] ?? [:]).keys)
+            for r in (referrers[id] ?? [:]).keys where !written.contains(r) && !deleted.contains(r) {
+                if toRefresh.insert(r).inserted { queue.append(r) }
+            }
+        }
+        // Children first: a DFS over the set, refreshing on the way out.
+        var done: Set<String> = []
+        var inProgress: Set<String> = []
+        let requiredFn: (String) -> Set<String>? = { self.required[$0] }
+        func refresh(_ id: String) {
+            if done.contains(id) || inProgress.contains(id) { return }
+            guard let rec = entities[id] else { return }
+            inProgress.insert(id)
+            for c in rec.children.keys where toRefresh.contains(c) { refresh(c) }
+            let old = rec.value
+            let new: JSON
+            if deleted.isEmpty {
+                new = tree.substituteNested(old) { self.entities[$0]?.value }
+            } else if case .kept(let v) = tree.prune(old, deleted: deleted, required: requiredFn, current: { self.entities[$0]?.value }) {
+                new = v
+            } else {
+                new = old  // cascades were decided before; unreachable
+            }
+            if old != new {
+                setEntity(id, new)
+                change.valueChanged.insert(id)
+            }
+            inProgress.remove(id)
+            done.insert(id)
+        }
+        for id in toRefresh { refresh(id) }
+        for key in docs {
+            guard let doc = documents[key] else { continue }
+            let old = doc.value
+            if let root = old.identity(idKey: tree.idKey), deleted.contains(root) {
+                setDocument(key, nil)
+                change.documentsDeleted.insert(key)
+                continue
+            }
+            let new: JSON
+            if deleted.isEmpty {
+                new = tree.substituteAny(old) { self.entities[$0]?.value }.0
+            } else if case .kept(let v) = tree.prune(old, deleted: deleted, required: { _ in nil }, isRoot: false, current: { self.entities[$0]?.value }) {
+                new = v
+            } else {
+                new = .null
+            }
+            if old != new {
+                setDocument(key, new)
+                change.documentsChanged.insert(key)
+            }
+        }
+    }
+
+    // MARK: Bookkeeping
+
+    private func setEntity(_ id: String, _ value: JSON) {
+        if entityJournal[id] == nil { entityJournal[id] = .some(entities[id]?.value) }
+        let newChildren = tree.nestedEntities(value)
+        if let rec = entities[id] {
+            if rec.children != newChildren {
+                for (c, n) in rec.children { adjustReferrer(of: c, entity: id, by: -n) }
+                for (c, n) in newChildren { adjustReferrer(of: c, entity: id, by: n) }
+                rec.children = newChildren
+            }
+            rec.value = value
+        } else {
+            entities[id] = EntityRecord(value: value, children: newChildren)
+            for (c, n) in newChildren { adjustReferrer(of: c, entity: id, by: n) }
+        }
+    }
+
+    private func removeEntity(_ id: String) {
+        if entityJournal[id] == nil { entityJournal[id] = .some(entities[id]?.value) }
+        guard let rec = entities.removeValue(forKey: id) else { return }
+        for (c, n) in rec.children { adjustReferrer(of: c, entity: id, by: -n) }
+    }
+
+    private func setDocument(_ key: String, _ value: JSON?) {
+        let old = documents[key]
+        if documentJournal[key] == nil { documentJournal[key] = .some(old?.value) }
+        let newChildren = value.map { tree.topEntities($0) } ?? [:]
+        if let old {
+            for (c, n) in old.children { adjustDocumentReferrer(of: c, key: key, by: -n) }
+        }
+        if let value {
+            documents[key] = DocumentRecord(value: value, children: newChildren)
+            for (c, n) in newChildren { adjustDocumentReferrer(of: c, key: key, by: n) }
+        } else {
+            documents[key] = nil
+        }
+    }
+
+    private func adjustReferrer(of child: String, entity: String, by n: Int) {
+        Self.adjust(&referrers, child, entity, n)
+    }
+
+    private func adjustDocumentReferrer(of child: String, key: String, by n: Int) {
+        Self.adjust(&documentReferrers, child, key, n)
+    }
+
+    private static func adjust(_ index: inout [String: [String: Int]], _ child: String, _ holder: String, _ n: Int) {
+        var holders = index.removeValue(forKey: child) ?? [:]
+        let v = (holders[holder] ?? 0) + n
+        holders[holder] = v > 0 ? v : nil
+        if !holders.isEmpty { index[child] = holders }
+    }
+}
+
+func clipID(_ s: String) -> String {
+    s.count > 64 ? String(s.prefix(64)) + "…" : s
+}

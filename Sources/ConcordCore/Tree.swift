@@ -1,0 +1,327 @@
+import ConcordJSON
+
+/// Pure functions over model trees: flattening, swapping entities, pruning
+/// deleted ones, and the identity diff that fills `changed`/`deleted`.
+///
+/// "Entity" means an object whose identity member holds a non-empty string
+/// or an integer (PROTOCOL.md §2). All functions are value-in/value-out and
+/// allocate only along the paths they change.
+struct Tree {
+    let idKey: String
+
+    // MARK: Flattening
+
+    /// Every entity of `root` with its winning subtree (the last occurrence in
+    /// pre-order), and the identities in order of first appearance.
+    func flatten(_ root: JSON) -> (order: [String], winners: [String: JSON]) {
+        var order: [String] = []
+        var winners: [String: JSON] = [:]
+        func walk(_ v: JSON) {
+            switch v {
+            case .object(let o):
+                if let id = o.identity(idKey: idKey) {
+                    if winners.updateValue(v, forKey: id) == nil { order.append(id) }
+                }
+                for m in o.members { walk(m.value) }
+            case .array(let a):
+                for item in a { walk(item) }
+            default:
+                break
+            }
+        }
+        walk(root)
+        return (order, winners)
+    }
+
+    /// Each winner with its nested entities replaced by their own resolved winners,
+    /// so every occurrence of an identity in the result is the same value.
+    func resolve(_ winners: [String: JSON], order: [String]) -> [String: JSON] {
+        var resolved: [String: JSON] = [:]
+        resolved.reserveCapacity(winners.count)
+        var inProgress: Set<String> = []
+        func resolveID(_ id: String) -> JSON? {
+            if let r = resolved[id] { return r }
+            guard let w = winners[id] else { return nil }
+            if inProgress.contains(id) { return nil }  // unreachable for one tree; kept as a guard
+            inProgress.insert(id)
+            let r = substituteNested(w) { resolveID($0) }
+            inProgress.remove(id)
+            resolved[id] = r
+            return r
+        }
+        for id in order { _ = resolveID(id) }
+        return resolved
+    }
+
+    // MARK: Substitution
+
+    /// `value` with every top-most nested entity (not `value` itself) replaced by
+    /// `lookup(id)` when that returns a value.
+    func substituteNested(_ value: JSON, _ lookup: (String) -> JSON?) -> JSON {
+        switch value {
+        case .object(var o):
+            var changed = false
+            for i in o.members.indices {
+                let (nv, c) = substituteAny(o.members[i].value, lookup)
+                if c {
+                    o.members[i].value = nv
+                    changed = true
+                }
+            }
+            return changed ? .object(o) : value
+        case .array:
+            return substituteAny(value, lookup).0
+        default:
+            return value
+        }
+    }
+
+    /// Like `substituteNested` but `value` itself is replaced too when it is an entity.
+    func substituteAny(_ value: JSON, _ lookup: (String) -> JSON?) -> (JSON, Bool) {
+        switch value {
+        case .object(var o):
+            if let id = o.identity(idKey: idKey) {
+                if let r = lookup(id) { return (r, true) }
+                return (value, false)
+            }
+            var changed = false
+            for i in o.members.indices {
+                let (nv, c) = substituteAny(o.members[i].value, lookup)
+                if c {
+                    o.members[i].value = nv
+                    changed = true
+                }
+            }
+            return changed ? (.object(o), true) : (value, false)
+        case .array(var a):
+            var changed = false
+            for i in a.indices {
+                let (nv, c) = substituteAny(a[i], lookup)
+                if c {
+                    a[i] = nv
+                    changed = true
+                }
+            }
+            return changed ? (.array(a), true) : (value, false)
+        default:
+            return (value, false)
+        }
+    }
+
+    /// The identities of the top-most entities nested in `value` (not `value` itself), with counts.
+    func nestedEntities(_ value: JSON) -> [String: Int] {
+        var out: [String: Int] = [:]
+        func walk(_ v: JSON, top: Bool) {
+            switch v {
+            case .object(let o):
+                if !top, let id = o.identity(idKey: idKey) {
+                    out[id, default: 0] += 1
+                    return
+                }
+                for m in o.members { walk(m.value, top: false) }
+            case .array(let a):
+                for item in a { walk(item, top: false) }
+            default:
+                break
+            }
+        }
+        walk(value, top: true)
+        return out
+    }
+
+    /// The top-most entities of `value`, `value` itself included when it is one.
+    func topEntities(_ value: JSON) -> [String: Int] {
+        if let id = value.identity(idKey: idKey) { return [id: 1] }
+        return nestedEntities(value)
+    }
+
+    // MARK: Deletion
+
+    enum Pruned {
+        case kept(JSON)
+        case deleted
+    }
+
+    /// Removes deleted entities from a tree (PROTOCOL.md §4 delete): an object
+    /// member holding one becomes null, unless `required` names that member
+    /// for the parent entity's type, which deletes the parent in turn; an
+    /// array element is removed. When `current` is given, other nested
+    /// entities are replaced by what it returns (store mode: the tree's own
+    /// copy of a child is never consulted, the child's current version is);
+    /// otherwise the walk descends into them (a private model view).
+    func prune(
+        _ value: JSON,
+        deleted: Set<String>,
+        required: (String) -> Set<String>?,
+        isRoot: Bool = true,
+        current: ((String) -> JSON?)? = nil
+    ) -> Pruned {
+        switch value {
+        case .object(var o):
+            let id = o.identity(idKey: idKey)
+            if let id {
+                if deleted.contains(id) { return .deleted }
+                if !isRoot, let current {
+                    return .kept(current(id) ?? value)
+                }
+            }
+            var req: Set<String>? = nil
+            if let id { req = required(Tree.type(of: id)) }
+            for i in o.members.indices {
+                switch prune(o.members[i].value, deleted: deleted, required: required, isRoot: false, current: current) {
+                case .kept(let nv):
+                    o.members[i].value = nv
+                case .deleted:
+                    if let req, req.contains(o.members[i].key) { return .deleted }
+                    o.members[i].value = .null
+                }
+            }
+            return .kept(.object(o))
+        case .array(let a):
+            var out: [JSON] = []
+            out.reserveCapacity(a.count)
+            for item in a {
+                if case .kept(let nv) = prune(item, deleted: deleted, required: required, isRoot: false, current: current) {
+                    out.append(nv)
+                }
+            }
+            return .kept(.array(out))
+        default:
+            return .kept(value)
+        }
+    }
+
+    /// The type of an identity: the part before the first ':' ("" when none).
+    static func type(of id: String) -> String {
+        guard let i = id.utf8.firstIndex(of: UInt8(ascii: ":")) else { return "" }
+        return String(id[..<i])
+    }
+
+    // MARK: Diff
+
+    /// Identities of a tree in pre-order, each with the value of its first occurrence.
+    func identities(_ value: JSON) -> (order: [String], values: [String: JSON]) {
+        var order: [String] = []
+        var values: [String: JSON] = [:]
+        func walk(_ v: JSON) {
+            switch v {
+            case .object(let o):
+                if let id = o.identity(idKey: idKey), values[id] == nil {
+                    values[id] = v
+                    order.append(id)
+                }
+                for m in o.members { walk(m.value) }
+            case .array(let a):
+                for item in a { walk(item) }
+            default:
+                break
+            }
+        }
+        walk(value)
+        return (order, values)
+    }
+
+    /// `changed`: identities in `new` whose value differs from `old` or that are new;
+    /// `deleted`: identities of `old` absent from `new`. Both in pre-order.
+    func diff(old: JSON?, new: JSON?) -> (changed: [String], deleted: [String]) {
+        let empty: (order: [String], values: [String: JSON]) = ([], [:])
+        let o = old.map { identities($0) } ?? empty
+        let n = new.map { identities($0) } ?? empty
+        var changed: [String] = []
+        for id in n.order {
+            if let ov = o.values[id], ov == n.values[id]! { continue }
+            changed.append(id)
+        }
+        var deleted: [String] = []
+        for id in o.order where n.values[id] == nil { deleted.append(id) }
+        return (changed, deleted)
+    }
+
+    /// Equality of two versions of one entity's own record: nested entities
+    /// compare by identity only (their contents are their own records).
+    func sameRecord(_ a: JSON, _ b: JSON, top: Bool = true) -> Bool {
+        switch (a, b) {
+        case let (.object(x), .object(y)):
+            if !top, let ix = x.identity(idKey: idKey) {
+                return ix == y.identity(idKey: idKey)
+            }
+            if !top, y.identity(idKey: idKey) != nil { return false }
+            guard x.count == y.count else { return false }
+            for m in x.members {
+                guard let other = y[m.key], sameRecord(m.value, other, top: false) else { return false }
+            }
+            return true
+        case let (.array(x), .array(y)):
+            guard x.count == y.count else { return false }
+            for i in x.indices where !sameRecord(x[i], y[i], top: false) { return false }
+            return true
+        default:
+            return a == b
+        }
+    }
+}
+
+/// What an `update` does to the private trees of model views.
+struct UpdateEffect {
+    /// Every identity the update carries.
+    var ids: Set<String>
+    /// The current version of each of them right after the update.
+    var swap: [String: JSON]
+    /// Merge mode: each entity as the update gave it.
+    var partials: [String: JSON]?
+    var force: Bool
+}
+
+extension Tree {
+    /// Swaps every subtree whose identity the update carries (PROTOCOL.md §4
+    /// update, step 2). Replace mode puts the current version in; merge mode
+    /// merges the update's members into the view's own copy, recursively by
+    /// identity, and keeps the members the update lacks.
+    func rewrite(_ v: JSON, _ u: UpdateEffect) -> (JSON, Bool) {
+        switch v {
+        case .object(var o):
+            if let id = o.identity(idKey: idKey), u.ids.contains(id) {
+                if let p = u.partials?[id]?.objectValue {
+                    return (merge(o, p, u), true)
+                }
+                if let s = u.swap[id] { return (s, true) }
+            }
+            var changed = false
+            for i in o.members.indices {
+                let (nv, c) = rewrite(o.members[i].value, u)
+                if c {
+                    o.members[i].value = nv
+                    changed = true
+                }
+            }
+            return changed ? (.object(o), true) : (v, false)
+        case .array(var a):
+            var changed = false
+            for i in a.indices {
+                let (nv, c) = rewrite(a[i], u)
+                if c {
+                    a[i] = nv
+                    changed = true
+                }
+            }
+            return changed ? (.array(a), true) : (v, false)
+        default:
+            return (v, false)
+        }
+    }
+
+    private func merge(_ view: JSONObject, _ partial: JSONObject, _ u: UpdateEffect) -> JSON {
+        var out = view
+        for i in out.members.indices where partial[out.members[i].key] == nil {
+            out.members[i].value = rewrite(out.members[i].value, u).0
+        }
+        for pm in partial.members {
+            if let mine = view[pm.key], let pid = pm.value.identity(idKey: idKey), mine.identity(idKey: idKey) == pid {
+                out[pm.key] = rewrite(mine, u).0
+            } else {
+                out[pm.key] = substituteAny(pm.value) { u.swap[$0] }.0
+            }
+        }
+        return .object(out)
+    }
+}

@@ -1,0 +1,266 @@
+/// A JSON value as Concord keeps it in memory.
+///
+/// Objects keep their members in document order (the order a client sent
+/// them is the order it gets them back). Numbers keep their exact lexeme, so
+/// a value round-trips byte for byte; equality compares numbers by value.
+/// Arrays and objects are copy-on-write, so sharing a subtree between many
+/// trees (an entity nested in many documents) costs one reference.
+public enum JSON: Sendable {
+    case null
+    case bool(Bool)
+    case number(JSONNumber)
+    case string(String)
+    case array([JSON])
+    case object(JSONObject)
+}
+
+/// An object's members in document order. A duplicated name never survives
+/// parsing: the last value wins, at the position of the first occurrence.
+public struct JSONObject: Sendable {
+    public var members: [Member]
+
+    public struct Member: Sendable {
+        public var key: String
+        public var value: JSON
+        @inlinable public init(key: String, value: JSON) {
+            self.key = key
+            self.value = value
+        }
+    }
+
+    @inlinable public init() { members = [] }
+    @inlinable public init(_ members: [Member]) { self.members = members }
+
+    @inlinable public var count: Int { members.count }
+
+    /// The value of member `key`, or nil.
+    @inlinable public subscript(key: String) -> JSON? {
+        get {
+            for m in members where m.key == key { return m.value }
+            return nil
+        }
+        set {
+            if let i = members.firstIndex(where: { $0.key == key }) {
+                if let v = newValue { members[i].value = v } else { members.remove(at: i) }
+            } else if let v = newValue {
+                members.append(Member(key: key, value: v))
+            }
+        }
+    }
+}
+
+/// A JSON number kept as its RFC 8259 lexeme.
+public struct JSONNumber: Sendable, CustomStringConvertible {
+    /// The exact text of the number (always valid RFC 8259 number syntax).
+    public let text: String
+
+    /// Creates a number from a lexeme the caller guarantees to be valid JSON number syntax.
+    public init(unchecked text: String) { self.text = text }
+    public init(_ value: Int) { self.text = String(value) }
+
+    public var description: String { text }
+
+    /// True when the lexeme has neither fraction nor exponent.
+    public var isInteger: Bool {
+        for u in text.utf8 where u == UInt8(ascii: ".") || u == UInt8(ascii: "e") || u == UInt8(ascii: "E") {
+            return false
+        }
+        return true
+    }
+
+    /// The integer's canonical decimal text ("-0" becomes "0"), or nil when not an integer.
+    public var integerText: String? {
+        guard isInteger else { return nil }
+        return text == "-0" ? "0" : text
+    }
+
+    /// The value as an Int when it is an integer that fits.
+    public var intValue: Int? { isInteger ? Int(text) : nil }
+
+    /// Numeric equality on the exact decimal values (no rounding through Double).
+    public func isEqualByValue(_ other: JSONNumber) -> Bool {
+        if text == other.text { return true }
+        return Decimal10(text) == Decimal10(other.text)
+    }
+}
+
+/// An exact decimal: sign, significant digits without leading/trailing zeros, exponent.
+struct Decimal10: Equatable {
+    var negative: Bool
+    var digits: [UInt8]
+    var exponent: Int
+
+    init(_ text: String) {
+        var neg = false
+        var mantissa: [UInt8] = []
+        var pointShift = 0
+        var exp = 0
+        var seenPoint = false
+        var expNeg = false
+        var inExp = false
+        for u in text.utf8 {
+            switch u {
+            case UInt8(ascii: "-"):
+                if inExp { expNeg = true } else { neg = true }
+            case UInt8(ascii: "+"):
+                break
+            case UInt8(ascii: "."):
+                seenPoint = true
+            case UInt8(ascii: "e"), UInt8(ascii: "E"):
+                inExp = true
+            default:
+                let d = u &- UInt8(ascii: "0")
+                if inExp {
+                    // Saturate absurd exponents; equality on them is still exact enough.
+                    if exp < 1_000_000_000 { exp = exp * 10 + Int(d) }
+                } else {
+                    mantissa.append(d)
+                    if seenPoint { pointShift += 1 }
+                }
+            }
+        }
+        if expNeg { exp = -exp }
+        var start = 0
+        while start < mantissa.count && mantissa[start] == 0 { start += 1 }
+        var end = mantissa.count
+        var trailing = 0
+        while end > start && mantissa[end - 1] == 0 { end -= 1; trailing += 1 }
+        digits = Array(mantissa[start..<end])
+        if digits.isEmpty {
+            negative = false
+            exponent = 0
+        } else {
+            negative = neg
+            exponent = exp - pointShift + trailing
+        }
+    }
+}
+
+extension JSON: Equatable {
+    /// Deep JSON equality: member order does not matter, numbers compare by value.
+    public static func == (lhs: JSON, rhs: JSON) -> Bool {
+        switch (lhs, rhs) {
+        case (.null, .null): return true
+        case let (.bool(a), .bool(b)): return a == b
+        case let (.number(a), .number(b)): return a.isEqualByValue(b)
+        case let (.string(a), .string(b)): return a == b
+        case let (.array(a), .array(b)):
+            guard a.count == b.count else { return false }
+            for i in a.indices where !(a[i] == b[i]) { return false }
+            return true
+        case let (.object(a), .object(b)):
+            return a == b
+        default:
+            return false
+        }
+    }
+}
+
+extension JSONObject: Equatable {
+    public static func == (lhs: JSONObject, rhs: JSONObject) -> Bool {
+        let a = lhs.members, b = rhs.members
+        guard a.count == b.count else { return false }
+        // Same order is the common case: a linear pass decides it.
+        var sameOrder = true
+        for i in a.indices where a[i].key != b[i].key {
+            sameOrder = false
+            break
+        }
+        if sameOrder {
+            for i in a.indices where !(a[i].value == b[i].value) { return false }
+            return true
+        }
+        if a.count <= 16 {
+            outer: for m in a {
+                for n in b where n.key == m.key {
+                    if !(m.value == n.value) { return false }
+                    continue outer
+                }
+                return false
+            }
+            return true
+        }
+        var index: [String: Int] = [:]
+        index.reserveCapacity(b.count)
+        for (i, n) in b.enumerated() { index[n.key] = i }
+        for m in a {
+            guard let i = index[m.key], m.value == b[i].value else { return false }
+        }
+        return true
+    }
+}
+
+extension JSON {
+    @inlinable public var objectValue: JSONObject? {
+        if case .object(let o) = self { return o }
+        return nil
+    }
+    @inlinable public var arrayValue: [JSON]? {
+        if case .array(let a) = self { return a }
+        return nil
+    }
+    @inlinable public var stringValue: String? {
+        if case .string(let s) = self { return s }
+        return nil
+    }
+    @inlinable public var boolValue: Bool? {
+        if case .bool(let b) = self { return b }
+        return nil
+    }
+    @inlinable public var numberValue: JSONNumber? {
+        if case .number(let n) = self { return n }
+        return nil
+    }
+    @inlinable public var isNull: Bool {
+        if case .null = self { return true }
+        return false
+    }
+    /// True for null, booleans, numbers and strings.
+    @inlinable public var isScalar: Bool {
+        switch self {
+        case .array, .object: return false
+        default: return true
+        }
+    }
+
+    /// Member lookup on objects; nil for anything else.
+    @inlinable public subscript(key: String) -> JSON? {
+        if case .object(let o) = self { return o[key] }
+        return nil
+    }
+
+    /// The identity an object carries under `idKey`: a non-empty string, or an
+    /// integer (as canonical text). Anything else means the object is a plain value.
+    @inlinable public func identity(idKey: String) -> String? {
+        guard case .object(let o) = self else { return nil }
+        return o.identity(idKey: idKey)
+    }
+
+    public static func int(_ v: Int) -> JSON { .number(JSONNumber(v)) }
+}
+
+extension JSONObject {
+    @inlinable public func identity(idKey: String) -> String? {
+        for m in members where m.key == idKey {
+            switch m.value {
+            case .string(let s): return s.isEmpty ? nil : s
+            case .number(let n): return n.integerText
+            default: return nil
+            }
+        }
+        return nil
+    }
+}
+
+extension JSON: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByBooleanLiteral,
+    ExpressibleByArrayLiteral, ExpressibleByDictionaryLiteral, ExpressibleByNilLiteral
+{
+    public init(stringLiteral value: String) { self = .string(value) }
+    public init(integerLiteral value: Int) { self = .int(value) }
+    public init(booleanLiteral value: Bool) { self = .bool(value) }
+    public init(arrayLiteral elements: JSON...) { self = .array(elements) }
+    public init(dictionaryLiteral elements: (String, JSON)...) {
+        self = .object(JSONObject(elements.map { JSONObject.Member(key: $0.0, value: $0.1) }))
+    }
+    public init(nilLiteral: ()) { self = .null }
+}

@@ -1,0 +1,332 @@
+/// Why a line is not acceptable JSON.
+public struct JSONParseError: Error, Sendable, CustomStringConvertible {
+    public enum Kind: Sendable, Equatable {
+        /// Not RFC 8259 JSON, or not UTF-8.
+        case syntax
+        /// Nested deeper than the limit.
+        case tooDeep
+    }
+    public var kind: Kind
+    /// Byte offset in the input where the problem was found.
+    public var offset: Int
+    /// What was wrong, in words (never quotes the input).
+    public var reason: String
+
+    public var description: String { "\(reason) at byte \(offset)" }
+}
+
+/// A strict RFC 8259 parser over UTF-8 bytes.
+///
+/// Byte-level, single pass, no Foundation. Rejects NaN/Infinity, a BOM,
+/// invalid UTF-8, unescaped control characters, lone surrogates and
+/// trailing garbage. A duplicated member name keeps the last value.
+public struct JSONParser {
+    /// Maximum nesting: the top-level array or object is level 1.
+    public var maxDepth: Int
+
+    public init(maxDepth: Int = 128) {
+        self.maxDepth = maxDepth
+    }
+
+    public func parse(_ bytes: [UInt8]) throws(JSONParseError) -> JSON {
+        try bytes.withUnsafeBufferPointer { (buf) throws(JSONParseError) -> JSON in
+            try parse(buf)
+        }
+    }
+
+    public func parse(_ string: String) throws(JSONParseError) -> JSON {
+        try parse(Array(string.utf8))
+    }
+
+    public func parse(_ buf: UnsafeBufferPointer<UInt8>) throws(JSONParseError) -> JSON {
+        var state = ParserState(buf: buf, maxDepth: maxDepth)
+        state.skipWhitespace()
+        let value = try state.parseValue(depth: 0)
+        state.skipWhitespace()
+        if state.pos != buf.count {
+            throw state.error("unexpected content after the JSON value")
+        }
+        return value
+    }
+}
+
+private struct ParserState {
+    let buf: UnsafeBufferPointer<UInt8>
+    let maxDepth: Int
+    var pos = 0
+
+    init(buf: UnsafeBufferPointer<UInt8>, maxDepth: Int) {
+        self.buf = buf
+        self.maxDepth = maxDepth
+    }
+
+    func error(_ reason: String, kind: JSONParseError.Kind = .syntax) -> JSONParseError {
+        JSONParseError(kind: kind, offset: pos, reason: reason)
+    }
+
+    @inline(__always) mutating func skipWhitespace() {
+        while pos < buf.count {
+            let c = buf[pos]
+            if c == 0x20 || c == 0x0A || c == 0x0D || c == 0x09 { pos += 1 } else { return }
+        }
+    }
+
+    mutating func parseValue(depth: Int) throws(JSONParseError) -> JSON {
+        guard pos < buf.count else { throw error("unexpected end of input") }
+        switch buf[pos] {
+        case UInt8(ascii: "{"):
+            return try parseObject(depth: depth + 1)
+        case UInt8(ascii: "["):
+            return try parseArray(depth: depth + 1)
+        case UInt8(ascii: "\""):
+            return .string(try parseString())
+        case UInt8(ascii: "t"):
+            try expectLiteral("true")
+            return .bool(true)
+        case UInt8(ascii: "f"):
+            try expectLiteral("false")
+            return .bool(false)
+        case UInt8(ascii: "n"):
+            try expectLiteral("null")
+            return .null
+        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+            return .number(try parseNumber())
+        case 0xEF:
+            throw error("a byte order mark is not allowed")
+        default:
+            throw error("unexpected character")
+        }
+    }
+
+    mutating func expectLiteral(_ word: StaticString) throws(JSONParseError) {
+        let n = word.utf8CodeUnitCount
+        guard pos + n <= buf.count else { throw error("unexpected end of input") }
+        let p = word.utf8Start
+        for i in 0..<n where buf[pos + i] != p[i] {
+            throw error("invalid literal")
+        }
+        pos += n
+    }
+
+    mutating func parseObject(depth: Int) throws(JSONParseError) -> JSON {
+        if depth > maxDepth { throw error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
+        pos += 1  // {
+        var members: [JSONObject.Member] = []
+        skipWhitespace()
+        if pos < buf.count && buf[pos] == UInt8(ascii: "}") {
+            pos += 1
+            return .object(JSONObject(members))
+        }
+        while true {
+            skipWhitespace()
+            guard pos < buf.count, buf[pos] == UInt8(ascii: "\"") else {
+                throw error("expected a member name in double quotes")
+            }
+            let key = try parseString()
+            skipWhitespace()
+            guard pos < buf.count, buf[pos] == UInt8(ascii: ":") else { throw error("expected ':' after a member name") }
+            pos += 1
+            skipWhitespace()
+            let value = try parseValue(depth: depth)
+            // Last one wins; linear check is fine for the small objects models are made of.
+            if members.count < 32 {
+                if let i = members.firstIndex(where: { $0.key == key }) {
+                    members[i].value = value
+                } else {
+                    members.append(JSONObject.Member(key: key, value: value))
+                }
+            } else {
+                members.append(JSONObject.Member(key: key, value: value))
+            }
+            skipWhitespace()
+            guard pos < buf.count else { throw error("unexpected end of input in an object") }
+            let c = buf[pos]
+            pos += 1
+            if c == UInt8(ascii: ",") { continue }
+            if c == UInt8(ascii: "}") { break }
+            pos -= 1
+            throw error("expected ',' or '}' in an object")
+        }
+        if members.count > 32 { members = Self.dedupe(members) }
+        return .object(JSONObject(members))
+    }
+
+    static func dedupe(_ members: [JSONObject.Member]) -> [JSONObject.Member] {
+        var index: [String: Int] = [:]
+        var out: [JSONObject.Member] = []
+        out.reserveCapacity(members.count)
+        for m in members {
+            if let i = index[m.key] {
+                out[i].value = m.value
+            } else {
+                index[m.key] = out.count
+                out.append(m)
+            }
+        }
+        return out
+    }
+
+    mutating func parseArray(depth: Int) throws(JSONParseError) -> JSON {
+        if depth > maxDepth { throw error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
+        pos += 1  // [
+        var items: [JSON] = []
+        skipWhitespace()
+        if pos < buf.count && buf[pos] == UInt8(ascii: "]") {
+            pos += 1
+            return .array(items)
+        }
+        while true {
+            skipWhitespace()
+            items.append(try parseValue(depth: depth))
+            skipWhitespace()
+            guard pos < buf.count else { throw error("unexpected end of input in an array") }
+            let c = buf[pos]
+            pos += 1
+            if c == UInt8(ascii: ",") { continue }
+            if c == UInt8(ascii: "]") { break }
+            pos -= 1
+            throw error("expected ',' or ']' in an array")
+        }
+        return .array(items)
+    }
+
+    mutating func parseNumber() throws(JSONParseError) -> JSONNumber {
+        let start = pos
+        if buf[pos] == UInt8(ascii: "-") { pos += 1 }
+        guard pos < buf.count else { throw error("a number needs digits") }
+        if buf[pos] == UInt8(ascii: "0") {
+            pos += 1
+            if pos < buf.count && isDigit(buf[pos]) { throw error("a number cannot have leading zeros") }
+        } else if isDigit(buf[pos]) {
+            while pos < buf.count && isDigit(buf[pos]) { pos += 1 }
+        } else {
+            throw error("a number needs digits")
+        }
+        if pos < buf.count && buf[pos] == UInt8(ascii: ".") {
+            pos += 1
+            guard pos < buf.count, isDigit(buf[pos]) else { throw error("a fraction needs digits") }
+            while pos < buf.count && isDigit(buf[pos]) { pos += 1 }
+        }
+        if pos < buf.count && (buf[pos] == UInt8(ascii: "e") || buf[pos] == UInt8(ascii: "E")) {
+            pos += 1
+            if pos < buf.count && (buf[pos] == UInt8(ascii: "+") || buf[pos] == UInt8(ascii: "-")) { pos += 1 }
+            guard pos < buf.count, isDigit(buf[pos]) else { throw error("an exponent needs digits") }
+            while pos < buf.count && isDigit(buf[pos]) { pos += 1 }
+        }
+        let text = String(decoding: UnsafeBufferPointer(rebasing: buf[start..<pos]), as: UTF8.self)
+        return JSONNumber(unchecked: text)
+    }
+
+    @inline(__always) func isDigit(_ c: UInt8) -> Bool { c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9") }
+
+    mutating func parseString() throws(JSONParseError) -> String {
+        pos += 1  // opening quote
+        let start = pos
+        // Fast path: no escapes, ASCII or valid UTF-8 checked once at the end.
+        var ascii = true
+        while pos < buf.count {
+            let c = buf[pos]
+            if c == UInt8(ascii: "\"") {
+                let slice = UnsafeBufferPointer(rebasing: buf[start..<pos])
+                pos += 1
+                if ascii { return String(decoding: slice, as: UTF8.self) }
+                guard let s = String(validating: slice, as: UTF8.self) else {
+                    pos = start
+                    throw error("a string is not valid UTF-8")
+                }
+                return s
+            }
+            if c == UInt8(ascii: "\\") { break }
+            if c < 0x20 { throw error("a control character must be escaped in a string") }
+            if c >= 0x80 { ascii = false }
+            pos += 1
+        }
+        guard pos < buf.count else { throw error("unterminated string") }
+        // Slow path: copy with escapes decoded.
+        var bytes = Array(UnsafeBufferPointer(rebasing: buf[start..<pos]))
+        while pos < buf.count {
+            let c = buf[pos]
+            if c == UInt8(ascii: "\"") {
+                pos += 1
+                guard let s = String(validating: bytes, as: UTF8.self) else {
+                    throw error("a string is not valid UTF-8")
+                }
+                return s
+            }
+            if c < 0x20 { throw error("a control character must be escaped in a string") }
+            if c != UInt8(ascii: "\\") {
+                bytes.append(c)
+                pos += 1
+                continue
+            }
+            pos += 1
+            guard pos < buf.count else { throw error("unterminated escape") }
+            let e = buf[pos]
+            pos += 1
+            switch e {
+            case UInt8(ascii: "\""): bytes.append(0x22)
+            case UInt8(ascii: "\\"): bytes.append(0x5C)
+            case UInt8(ascii: "/"): bytes.append(0x2F)
+            case UInt8(ascii: "b"): bytes.append(0x08)
+            case UInt8(ascii: "f"): bytes.append(0x0C)
+            case UInt8(ascii: "n"): bytes.append(0x0A)
+            case UInt8(ascii: "r"): bytes.append(0x0D)
+            case UInt8(ascii: "t"): bytes.append(0x09)
+            case UInt8(ascii: "u"):
+                var scalar = try hex4()
+                if scalar >= 0xD800 && scalar <= 0xDBFF {
+                    guard pos + 1 < buf.count, buf[pos] == UInt8(ascii: "\\"), buf[pos + 1] == UInt8(ascii: "u") else {
+                        throw error("a high surrogate must be followed by a low surrogate")
+                    }
+                    pos += 2
+                    let low = try hex4()
+                    guard low >= 0xDC00 && low <= 0xDFFF else { throw error("invalid low surrogate") }
+                    scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
+                } else if scalar >= 0xDC00 && scalar <= 0xDFFF {
+                    throw error("a lone low surrogate is not a character")
+                }
+                appendUTF8(scalar, to: &bytes)
+            default:
+                pos -= 1
+                throw error("invalid escape")
+            }
+        }
+        throw error("unterminated string")
+    }
+
+    mutating func hex4() throws(JSONParseError) -> UInt32 {
+        guard pos + 4 <= buf.count else { throw error("a \\u escape needs four hex digits") }
+        var v: UInt32 = 0
+        for _ in 0..<4 {
+            let c = buf[pos]
+            let d: UInt32
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): d = UInt32(c - UInt8(ascii: "0"))
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): d = UInt32(c - UInt8(ascii: "a") + 10)
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): d = UInt32(c - UInt8(ascii: "A") + 10)
+            default: throw error("a \\u escape needs four hex digits")
+            }
+            v = v << 4 | d
+            pos += 1
+        }
+        return v
+    }
+
+    func appendUTF8(_ s: UInt32, to bytes: inout [UInt8]) {
+        if s < 0x80 {
+            bytes.append(UInt8(s))
+        } else if s < 0x800 {
+            bytes.append(UInt8(0xC0 | (s >> 6)))
+            bytes.append(UInt8(0x80 | (s & 0x3F)))
+        } else if s < 0x10000 {
+            bytes.append(UInt8(0xE0 | (s >> 12)))
+            bytes.append(UInt8(0x80 | ((s >> 6) & 0x3F)))
+            bytes.append(UInt8(0x80 | (s & 0x3F)))
+        } else {
+            bytes.append(UInt8(0xF0 | (s >> 18)))
+            bytes.append(UInt8(0x80 | ((s >> 12) & 0x3F)))
+            bytes.append(UInt8(0x80 | ((s >> 6) & 0x3F)))
+            bytes.append(UInt8(0x80 | (s & 0x3F)))
+        }
+    }
+}

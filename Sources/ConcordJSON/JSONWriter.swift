@@ -1,0 +1,129 @@
+/// Compact JSON encoding into a byte array.
+///
+/// No Foundation, no intermediate strings: values are appended byte by byte
+/// with the minimal escaping RFC 8259 requires (quote, backslash, control
+/// characters). Numbers are written as their original lexeme.
+public struct JSONWriter: Sendable {
+    public var bytes: [UInt8]
+
+    public init(capacity: Int = 256) {
+        bytes = []
+        bytes.reserveCapacity(capacity)
+    }
+
+    @inlinable public mutating func raw(_ s: StaticString) {
+        bytes.append(contentsOf: UnsafeBufferPointer(start: s.utf8Start, count: s.utf8CodeUnitCount))
+    }
+
+    @inlinable public mutating func raw(_ other: [UInt8]) {
+        bytes.append(contentsOf: other)
+    }
+
+    public mutating func string(_ s: String) {
+        bytes.append(0x22)
+        var s = s
+        s.withUTF8 { utf8 in
+            var runStart = 0
+            for i in 0..<utf8.count {
+                let c = utf8[i]
+                if c >= 0x20 && c != 0x22 && c != 0x5C { continue }
+                if runStart < i { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[runStart..<i])) }
+                runStart = i + 1
+                switch c {
+                case 0x22: bytes.append(0x5C); bytes.append(0x22)
+                case 0x5C: bytes.append(0x5C); bytes.append(0x5C)
+                case 0x0A: bytes.append(0x5C); bytes.append(UInt8(ascii: "n"))
+                case 0x0D: bytes.append(0x5C); bytes.append(UInt8(ascii: "r"))
+                case 0x09: bytes.append(0x5C); bytes.append(UInt8(ascii: "t"))
+                case 0x08: bytes.append(0x5C); bytes.append(UInt8(ascii: "b"))
+                case 0x0C: bytes.append(0x5C); bytes.append(UInt8(ascii: "f"))
+                default:
+                    let hex: [UInt8] = Array("0123456789abcdef".utf8)
+                    bytes.append(contentsOf: [0x5C, UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(c >> 4)], hex[Int(c & 0xF)]])
+                }
+            }
+            if runStart < utf8.count { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[runStart..<utf8.count])) }
+        }
+        bytes.append(0x22)
+    }
+
+    public mutating func int(_ v: Int) {
+        if v >= 0 && v < 10 {
+            bytes.append(UInt8(ascii: "0") + UInt8(v))
+            return
+        }
+        var v = v
+        if v < 0 {
+            bytes.append(UInt8(ascii: "-"))
+            if v == Int.min {
+                bytes.append(contentsOf: Array("9223372036854775808".utf8))
+                return
+            }
+            v = -v
+        }
+        var tmp: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                  UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var n = 0
+        withUnsafeMutableBytes(of: &tmp) { t in
+            while v > 0 {
+                t[n] = UInt8(ascii: "0") + UInt8(v % 10)
+                v /= 10
+                n += 1
+            }
+            for i in stride(from: n - 1, through: 0, by: -1) { bytes.append(t[i]) }
+        }
+    }
+
+    public mutating func value(_ v: JSON) {
+        switch v {
+        case .null: raw("null")
+        case .bool(let b): if b { raw("true") } else { raw("false") }
+        case .number(let n):
+            var t = n.text
+            t.withUTF8 { bytes.append(contentsOf: $0) }
+        case .string(let s): string(s)
+        case .array(let a):
+            bytes.append(UInt8(ascii: "["))
+            var first = true
+            for item in a {
+                if !first { bytes.append(UInt8(ascii: ",")) }
+                first = false
+                value(item)
+            }
+            bytes.append(UInt8(ascii: "]"))
+        case .object(let o):
+            bytes.append(UInt8(ascii: "{"))
+            var first = true
+            for m in o.members {
+                if !first { bytes.append(UInt8(ascii: ",")) }
+                first = false
+                string(m.key)
+                bytes.append(UInt8(ascii: ":"))
+                value(m.value)
+            }
+            bytes.append(UInt8(ascii: "}"))
+        }
+    }
+
+    /// Writes `"key":` (with the leading comma the caller asks for).
+    public mutating func key(_ k: StaticString, comma: Bool = true) {
+        if comma { bytes.append(UInt8(ascii: ",")) }
+        bytes.append(0x22)
+        raw(k)
+        bytes.append(0x22)
+        bytes.append(UInt8(ascii: ":"))
+    }
+}
+
+extension JSON {
+    /// The compact encoding of this value.
+    public func encoded() -> [UInt8] {
+        var w = JSONWriter()
+        w.value(self)
+        return w.bytes
+    }
+
+    /// The compact encoding as a string (for tests and logs).
+    public var compactString: String { String(decoding: encoded(), as: UTF8.self) }
+}

@@ -1,0 +1,92 @@
+/// Splits a byte stream into lines (PROTOCOL.md §1).
+///
+/// A line ends with `\n`; a `\r` before it is dropped. A line longer than
+/// `maxLineBytes` (without its line ending) is reported once as
+/// ``Frame/tooLarge`` as soon as it is known to be too long, and the rest of
+/// it is discarded as it arrives: it is never buffered whole. Blank and
+/// whitespace-only lines are dropped here.
+public struct LineFramer: Sendable {
+    public enum Frame: Equatable, Sendable {
+        case line([UInt8])
+        case tooLarge
+    }
+
+    public let maxLineBytes: Int
+    private var buffer: [UInt8] = []
+    private var skipping = false
+
+    public init(maxLineBytes: Int) {
+        self.maxLineBytes = maxLineBytes
+    }
+
+    /// Bytes held for an unfinished line.
+    public var bufferedBytes: Int { buffer.count }
+
+    public mutating func feed(_ bytes: UnsafeRawBufferPointer, _ emit: (Frame) -> Void) {
+        var start = 0
+        let n = bytes.count
+        while start < n {
+            // memchr is the fastest way to find the next newline.
+            let found: Int
+            if let p = memchrNewline(bytes.baseAddress! + start, n - start) {
+                found = start + p
+            } else {
+                found = -1
+            }
+            if found < 0 {
+                if !skipping {
+                    buffer.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[start..<n]))
+                    // One extra byte may be the '\r' of a line that is exactly at the limit.
+                    if buffer.count > maxLineBytes + 1 {
+                        buffer = []
+                        skipping = true
+                        emit(.tooLarge)
+                    }
+                }
+                return
+            }
+            if skipping {
+                skipping = false
+            } else {
+                let piece = UnsafeRawBufferPointer(rebasing: bytes[start..<found])
+                if buffer.isEmpty {
+                    finish(Array(piece), emit)
+                } else {
+                    buffer.append(contentsOf: piece)
+                    let line = buffer
+                    buffer = []
+                    finish(line, emit)
+                }
+            }
+            start = found + 1
+        }
+    }
+
+    public mutating func feed(_ bytes: [UInt8], _ emit: (Frame) -> Void) {
+        bytes.withUnsafeBytes { feed($0, emit) }
+    }
+
+    private func finish(_ line: [UInt8], _ emit: (Frame) -> Void) {
+        var line = line
+        if line.last == 0x0D { line.removeLast() }
+        if line.count > maxLineBytes {
+            emit(.tooLarge)
+            return
+        }
+        for c in line where !(c == 0x20 || c == 0x09 || c == 0x0D) {
+            emit(.line(line))
+            return
+        }
+    }
+}
+
+@inline(__always)
+private func memchrNewline(_ p: UnsafeRawPointer, _ count: Int) -> Int? {
+    let bytes = p.assumingMemoryBound(to: UInt8.self)
+    var i = 0
+    while i < count {
+        if bytes[i] == 0x0A { return i }
+        i += 1
+    }
+    return nil
+}

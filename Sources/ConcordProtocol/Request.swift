@@ -1,0 +1,373 @@
+public import ConcordJSON
+
+/// One request line, decoded and checked for shape (PROTOCOL.md §3–§5).
+/// State-dependent checks (does the subscription exist, ...) belong to the core.
+public struct Request: Sendable {
+    /// The request's `rid`, echoed in the response; `.null` when absent.
+    public var rid: JSON
+    public var op: Operation
+
+    public init(rid: JSON, op: Operation) {
+        self.rid = rid
+        self.op = op
+    }
+}
+
+public enum Operation: Sendable {
+    case hello(client: String?)
+    case ping
+    case get(GetTarget)
+    case subscribe(name: String, target: SubscribeTarget)
+    case unsubscribe(name: String)
+    case pause(name: String)
+    case resume(name: String)
+    case schema(required: [(type: String, members: [String])]?)
+    case stats
+    case mutation(Mutation, MutationOptions)
+}
+
+public enum GetTarget: Sendable {
+    case key(String)
+    case id(String)
+    case collection(String)
+}
+
+public enum SubscribeTarget: Sendable {
+    case model(JSON, refresh: Bool)
+    case key(String)
+    case collection(String)
+    case ids([String])
+    case feed(types: [String]?)
+}
+
+/// Members every mutation may carry.
+public struct MutationOptions: Sendable {
+    /// `context`, delivered unchanged in every event; nil when absent.
+    public var context: JSON?
+    /// `origin`: the sender's subscription that is not told of this write.
+    public var origin: String?
+
+    public init(context: JSON? = nil, origin: String? = nil) {
+        self.context = context
+        self.origin = origin
+    }
+}
+
+public enum UpdateMode: Sendable { case replace, merge }
+
+public indirect enum Mutation: Sendable {
+    case update(model: JSON, key: String?, mode: UpdateMode, force: Bool)
+    case deleteEntity(String)
+    case deleteKey(String)
+    /// Each op with its own `origin` (its `context` is ignored inside a batch).
+    case batch([(Mutation, origin: String?)])
+    case collectionSet(name: String, items: [JSON])
+    case collectionInsert(name: String, index: Int?, items: [JSON])
+    case collectionRemoveAt(name: String, index: Int, count: Int)
+    case collectionRemoveIDs(name: String, ids: [String])
+    case collectionDelete(name: String)
+    case clear
+}
+
+extension Request {
+    /// The `rid` of a request object, or nil when it cannot be echoed
+    /// (an object or array).
+    public static func rid(of object: JSONObject) -> JSON? {
+        guard let rid = object["rid"] else { return .null }
+        return rid.isScalar ? rid : nil
+    }
+
+    /// Decodes a parsed line. The error carries the code to answer with.
+    public static func decode(_ value: JSON, idKey: String) throws(ProtocolError) -> Request {
+        guard case .object(let object) = value else {
+            throw ProtocolError(.parseError, "a request must be a JSON object")
+        }
+        guard let rid = rid(of: object) else {
+            throw ProtocolError(.badRequest, "member 'rid' must be a scalar (string, number, boolean or null)")
+        }
+        let op = try decodeOperation(object, idKey: idKey)
+        return Request(rid: rid, op: op)
+    }
+
+    static let mutationOps: Set<String> = [
+        "update", "delete", "collection.set", "collection.insert", "collection.remove", "collection.delete",
+    ]
+
+    static func decodeOperation(_ o: JSONObject, idKey: String) throws(ProtocolError) -> Operation {
+        let r = Members(o)
+        let name = try r.requiredString("op")
+        switch name {
+        case "hello":
+            return .hello(client: try r.optionalString("client"))
+        case "ping":
+            return .ping
+        case "stats":
+            return .stats
+        case "get":
+            return .get(try decodeGet(r))
+        case "subscribe":
+            return .subscribe(name: try r.subName(), target: try decodeSubscribe(r, idKey: idKey))
+        case "unsubscribe":
+            return .unsubscribe(name: try r.subName())
+        case "pause":
+            return .pause(name: try r.subName())
+        case "resume":
+            return .resume(name: try r.subName())
+        case "schema":
+            return .schema(required: try decodeSchema(r))
+        case "clear":
+            return .mutation(.clear, try decodeOptions(r))
+        case "batch":
+            return .mutation(try decodeBatch(r, idKey: idKey), try decodeOptions(r))
+        default:
+            if mutationOps.contains(name) {
+                return .mutation(try decodeMutation(name, r, idKey: idKey), try decodeOptions(r))
+            }
+            throw ProtocolError(.unknownOp, "unknown op '\(clip(name))'")
+        }
+    }
+
+    static func decodeOptions(_ r: Members) throws(ProtocolError) -> MutationOptions {
+        MutationOptions(context: r.object["context"], origin: try r.optionalSubName("origin"))
+    }
+
+    static func decodeGet(_ r: Members) throws(ProtocolError) -> GetTarget {
+        let key = try r.optionalString("key")
+        let id = try r.optionalIdentity("id")
+        let collection = try r.optionalString("collection")
+        switch (key, id, collection) {
+        case (let k?, nil, nil): return .key(k)
+        case (nil, let i?, nil): return .id(i)
+        case (nil, nil, let c?): return .collection(c)
+        case (nil, nil, nil): throw ProtocolError(.badRequest, "get needs one of 'key', 'id' or 'collection'")
+        default: throw ProtocolError(.badRequest, "get takes only one of 'key', 'id' or 'collection'")
+        }
+    }
+
+    static func decodeSubscribe(_ r: Members, idKey: String) throws(ProtocolError) -> SubscribeTarget {
+        var targets: [SubscribeTarget] = []
+        var names: [String] = []
+        if let m = r.object["model"] {
+            guard case .object = m else { throw ProtocolError(.badRequest, "member 'model' must be an object") }
+            targets.append(.model(m, refresh: try r.optionalBool("refresh") ?? false))
+            names.append("model")
+        }
+        if let k = try r.optionalString("key") { targets.append(.key(k)); names.append("key") }
+        if let c = try r.optionalString("collection") { targets.append(.collection(c)); names.append("collection") }
+        if let ids = r.object["ids"] {
+            guard case .array(let list) = ids else { throw ProtocolError(.badRequest, "member 'ids' must be an array of identities") }
+            var out: [String] = []
+            out.reserveCapacity(list.count)
+            for (i, v) in list.enumerated() {
+                guard let id = identityText(v) else {
+                    throw ProtocolError(.badRequest, "ids[\(i)] must be a non-empty string or an integer")
+                }
+                out.append(id)
+            }
+            targets.append(.ids(out))
+            names.append("ids")
+        }
+        if let f = r.object["feed"] {
+            guard case .object(let fo) = f else { throw ProtocolError(.badRequest, "member 'feed' must be an object") }
+            var types: [String]? = nil
+            if let t = fo["types"], !t.isNull {
+                guard case .array(let list) = t else { throw ProtocolError(.badRequest, "feed.types must be an array of strings") }
+                var out: [String] = []
+                for (i, v) in list.enumerated() {
+                    guard case .string(let s) = v else { throw ProtocolError(.badRequest, "feed.types[\(i)] must be a string") }
+                    out.append(s)
+                }
+                types = out
+            }
+            targets.append(.feed(types: types))
+            names.append("feed")
+        }
+        if targets.isEmpty {
+            throw ProtocolError(.badRequest, "subscribe needs one of 'model', 'key', 'collection', 'ids' or 'feed'")
+        }
+        if targets.count > 1 {
+            throw ProtocolError(.badRequest, "subscribe takes exactly one of 'model', 'key', 'collection', 'ids' or 'feed' (got \(names.joined(separator: ", ")))")
+        }
+        return targets[0]
+    }
+
+    static func decodeSchema(_ r: Members) throws(ProtocolError) -> [(type: String, members: [String])]? {
+        guard let req = r.object["required"], !req.isNull else { return nil }
+        guard case .object(let o) = req else { throw ProtocolError(.badRequest, "member 'required' must be an object of type → member names") }
+        var out: [(type: String, members: [String])] = []
+        for m in o.members {
+            guard case .array(let list) = m.value else {
+                throw ProtocolError(.badRequest, "required.\(clip(m.key)) must be an array of member names")
+            }
+            var names: [String] = []
+            for (i, v) in list.enumerated() {
+                guard case .string(let s) = v, !s.isEmpty else {
+                    throw ProtocolError(.badRequest, "required.\(clip(m.key))[\(i)] must be a non-empty string")
+                }
+                names.append(s)
+            }
+            out.append((m.key, names))
+        }
+        return out
+    }
+
+    static func decodeBatch(_ r: Members, idKey: String) throws(ProtocolError) -> Mutation {
+        guard let ops = r.object["ops"] else { throw ProtocolError(.badRequest, "batch needs member 'ops'") }
+        guard case .array(let list) = ops else { throw ProtocolError(.badRequest, "member 'ops' must be an array of mutations") }
+        var out: [(Mutation, origin: String?)] = []
+        out.reserveCapacity(list.count)
+        for (i, item) in list.enumerated() {
+            do throws(ProtocolError) {
+                guard case .object(let o) = item else { throw ProtocolError(.badRequest, "must be an object") }
+                let m = Members(o)
+                let name = try m.requiredString("op")
+                if o["rid"] != nil { throw ProtocolError(.badRequest, "an op inside a batch cannot carry 'rid'") }
+                guard mutationOps.contains(name) else {
+                    let known: Set<String> = ["hello", "ping", "stats", "get", "subscribe", "unsubscribe", "pause", "resume", "schema", "clear", "batch"]
+                    if known.contains(name) {
+                        throw ProtocolError(.badRequest, "'\(name)' is not allowed in a batch (only update, delete and collection.*)")
+                    }
+                    throw ProtocolError(.unknownOp, "unknown op '\(clip(name))'")
+                }
+                out.append((try decodeMutation(name, m, idKey: idKey), try m.optionalSubName("origin")))
+            } catch {
+                throw error.prefixed("ops[\(i)]")
+            }
+        }
+        return .batch(out)
+    }
+
+    static func decodeMutation(_ name: String, _ r: Members, idKey: String) throws(ProtocolError) -> Mutation {
+        switch name {
+        case "update":
+            guard let model = r.object["model"] else { throw ProtocolError(.badRequest, "update needs member 'model'") }
+            guard case .object = model else { throw ProtocolError(.badRequest, "member 'model' must be an object") }
+            let key = try r.optionalString("key")
+            var mode = UpdateMode.replace
+            if let m = try r.optionalString("mode") {
+                switch m {
+                case "replace": mode = .replace
+                case "merge": mode = .merge
+                default: throw ProtocolError(.badRequest, "member 'mode' must be \"replace\" or \"merge\"")
+                }
+            }
+            let force = try r.optionalBool("force") ?? false
+            return .update(model: model, key: key, mode: mode, force: force)
+        case "delete":
+            let id = try r.optionalIdentity("id")
+            let key = try r.optionalString("key")
+            switch (id, key) {
+            case (let i?, nil): return .deleteEntity(i)
+            case (nil, let k?): return .deleteKey(k)
+            case (nil, nil): throw ProtocolError(.badRequest, "delete needs 'id' or 'key'")
+            default: throw ProtocolError(.badRequest, "delete takes 'id' or 'key', not both")
+            }
+        case "collection.set":
+            return .collectionSet(name: try r.collectionName(), items: try r.items())
+        case "collection.insert":
+            let name = try r.collectionName()
+            let index = try r.optionalInt("index")
+            return .collectionInsert(name: name, index: index, items: try r.items())
+        case "collection.remove":
+            let name = try r.collectionName()
+            let index = try r.optionalInt("index")
+            let idsValue = r.object["ids"]
+            if let index {
+                if idsValue != nil { throw ProtocolError(.badRequest, "collection.remove takes 'index' or 'ids', not both") }
+                let count = try r.optionalInt("count") ?? 1
+                if count < 0 { throw ProtocolError(.badRequest, "member 'count' must not be negative") }
+                return .collectionRemoveAt(name: name, index: index, count: count)
+            }
+            guard let idsValue else { throw ProtocolError(.badRequest, "collection.remove needs 'index' or 'ids'") }
+            guard case .array(let list) = idsValue else { throw ProtocolError(.badRequest, "member 'ids' must be an array of identities") }
+            var ids: [String] = []
+            for (i, v) in list.enumerated() {
+                guard let id = identityText(v) else { throw ProtocolError(.badRequest, "ids[\(i)] must be a non-empty string or an integer") }
+                ids.append(id)
+            }
+            return .collectionRemoveIDs(name: name, ids: ids)
+        case "collection.delete":
+            return .collectionDelete(name: try r.collectionName())
+        default:
+            throw ProtocolError(.unknownOp, "unknown op '\(clip(name))'")
+        }
+    }
+
+    /// An identity given as a request member: a non-empty string or an integer.
+    public static func identityText(_ v: JSON) -> String? {
+        switch v {
+        case .string(let s): return s.isEmpty ? nil : s
+        case .number(let n): return n.integerText
+        default: return nil
+        }
+    }
+}
+
+/// Keeps user text in messages short.
+func clip(_ s: String) -> String {
+    s.count > 64 ? String(s.prefix(64)) + "…" : s
+}
+
+/// Typed member access with `bad_request` errors that name the member.
+struct Members {
+    let object: JSONObject
+    init(_ object: JSONObject) { self.object = object }
+
+    func requiredString(_ name: String) throws(ProtocolError) -> String {
+        guard let v = object[name] else { throw ProtocolError(.badRequest, "missing member '\(name)'") }
+        guard case .string(let s) = v else { throw ProtocolError(.badRequest, "member '\(name)' must be a string") }
+        return s
+    }
+
+    func optionalString(_ name: String) throws(ProtocolError) -> String? {
+        guard let v = object[name], !v.isNull else { return nil }
+        guard case .string(let s) = v else { throw ProtocolError(.badRequest, "member '\(name)' must be a string") }
+        return s
+    }
+
+    func optionalBool(_ name: String) throws(ProtocolError) -> Bool? {
+        guard let v = object[name], !v.isNull else { return nil }
+        guard case .bool(let b) = v else { throw ProtocolError(.badRequest, "member '\(name)' must be true or false") }
+        return b
+    }
+
+    func optionalInt(_ name: String) throws(ProtocolError) -> Int? {
+        guard let v = object[name], !v.isNull else { return nil }
+        guard case .number(let n) = v, let i = n.intValue else {
+            throw ProtocolError(.badRequest, "member '\(name)' must be an integer")
+        }
+        return i
+    }
+
+    func optionalIdentity(_ name: String) throws(ProtocolError) -> String? {
+        guard let v = object[name], !v.isNull else { return nil }
+        guard let id = Request.identityText(v) else {
+            throw ProtocolError(.badRequest, "member '\(name)' must be a non-empty string or an integer")
+        }
+        return id
+    }
+
+    func subName() throws(ProtocolError) -> String {
+        guard let v = object["sub"] else { throw ProtocolError(.badRequest, "missing member 'sub'") }
+        guard case .string(let s) = v, !s.isEmpty else { throw ProtocolError(.badRequest, "member 'sub' must be a non-empty string") }
+        return s
+    }
+
+    func optionalSubName(_ name: String) throws(ProtocolError) -> String? {
+        guard let v = object[name], !v.isNull else { return nil }
+        guard case .string(let s) = v, !s.isEmpty else { throw ProtocolError(.badRequest, "member '\(name)' must be a non-empty string") }
+        return s
+    }
+
+    func collectionName() throws(ProtocolError) -> String {
+        guard let v = object["collection"] else { throw ProtocolError(.badRequest, "missing member 'collection'") }
+        guard case .string(let s) = v else { throw ProtocolError(.badRequest, "member 'collection' must be a string") }
+        return s
+    }
+
+    func items() throws(ProtocolError) -> [JSON] {
+        guard let v = object["items"] else { throw ProtocolError(.badRequest, "missing member 'items'") }
+        guard case .array(let a) = v else { throw ProtocolError(.badRequest, "member 'items' must be an array") }
+        return a
+    }
+}
