@@ -1,0 +1,89 @@
+import ConcordJSON
+import ConcordProtocol
+import Testing
+
+@testable import ConcordCore
+
+/// Drives an ``Engine`` on one thread, as the server does, and reads back
+/// what each connection would receive.
+final class EngineHarness {
+    let engine: Engine
+    private var nextID = 1
+    fileprivate var conns: [ConnectionID: TestConn] = [:]
+
+    init(configuration: EngineConfiguration = EngineConfiguration(), executor: any ParallelExecutor = InlineExecutor()) {
+        engine = Engine(configuration: configuration, executor: executor)
+    }
+
+    func connect() -> TestConn {
+        let id = nextID
+        nextID += 1
+        engine.open(id)
+        let c = TestConn(id: id, harness: self)
+        conns[id] = c
+        return c
+    }
+
+    fileprivate func pump() {
+        for (id, segments) in engine.takeOutput() {
+            guard let c = conns[id] else { continue }
+            for s in segments { c.raw.append(contentsOf: s.bytes) }
+            c.split()
+        }
+    }
+}
+
+final class TestConn {
+    let id: ConnectionID
+    unowned let harness: EngineHarness
+    fileprivate var raw: [UInt8] = []
+    /// Events received and not yet taken, in order.
+    var events: [JSON] = []
+    var responses: [JSON] = []
+
+    init(id: ConnectionID, harness: EngineHarness) {
+        self.id = id
+        self.harness = harness
+    }
+
+    fileprivate func split() {
+        while let nl = raw.firstIndex(of: 0x0A) {
+            let line = Array(raw[..<nl])
+            raw.removeSubrange(...nl)
+            let v = try! JSONParser(maxDepth: 100_000).parse(line)
+            if v["event"] != nil { events.append(v) } else { responses.append(v) }
+        }
+    }
+
+    /// Sends one line and returns its response.
+    @discardableResult
+    func send(_ line: String) -> JSON {
+        harness.engine.handleLine(Array(line.utf8), from: id)
+        harness.pump()
+        return responses.removeLast()
+    }
+
+    /// Sends and requires `ok: true`.
+    @discardableResult
+    func ok(_ line: String, sourceLocation: SourceLocation = #_sourceLocation) -> JSON {
+        let r = send(line)
+        #expect(r["ok"] == true, "expected ok for \(line), got \(r.compactString)", sourceLocation: sourceLocation)
+        return r
+    }
+
+    /// Sends and returns the error code.
+    func error(_ line: String) -> String? {
+        let r = send(line)
+        return r["error"]?["code"]?.stringValue
+    }
+
+    /// Takes every event received so far.
+    func take() -> [JSON] {
+        defer { events = [] }
+        return events
+    }
+
+    func close() { harness.engine.close(id) }
+}
+
+func json(_ s: String) -> JSON { try! JSONParser().parse(s) }

@@ -1,0 +1,93 @@
+import ConcordJSON
+import Testing
+
+@testable import ConcordCore
+
+struct RequestErrorTests {
+    @Test(arguments: [
+        (#"{"op":"#, "parse_error"),
+        (#"[1,2]"#, "parse_error"),
+        (#"{"op":"ping"} x"#, "parse_error"),
+        (#"{"op":NaN}"#, "parse_error"),
+        (#"{"rid":1}"#, "bad_request"),
+        (#"{"op":5}"#, "bad_request"),
+        (#"{"op":"fly"}"#, "unknown_op"),
+        (#"{"op":"get"}"#, "bad_request"),
+        (#"{"op":"get","key":"a","id":"b"}"#, "bad_request"),
+        (#"{"op":"subscribe","sub":"s"}"#, "bad_request"),
+        (#"{"op":"subscribe","sub":"s","key":"a","ids":[]}"#, "bad_request"),
+        (#"{"op":"subscribe","sub":"","key":"a"}"#, "bad_request"),
+        (#"{"op":"subscribe","sub":"s","ids":[1.5]}"#, "bad_request"),
+        (#"{"op":"unsubscribe","sub":"zz"}"#, "no_such_sub"),
+        (#"{"op":"pause","sub":"zz"}"#, "no_such_sub"),
+        (#"{"op":"update","model":[1]}"#, "bad_request"),
+        (#"{"op":"update","model":{},"mode":"add"}"#, "bad_request"),
+        (#"{"op":"delete"}"#, "bad_request"),
+        (#"{"op":"delete","id":"a","key":"b"}"#, "bad_request"),
+        (#"{"op":"batch","ops":{}}"#, "bad_request"),
+        (#"{"op":"schema","required":{"A":"b"}}"#, "bad_request"),
+    ])
+    func badInputGetsTheRightCode(line: String, code: String) {
+        let h = EngineHarness()
+        let a = h.connect()
+        let r = a.send(line)
+        #expect(r["ok"] == false)
+        #expect(r["error"]?["code"] == .string(code))
+        #expect((r["error"]?["message"]?.stringValue ?? "").isEmpty == false)
+        // The connection still works.
+        #expect(a.send(#"{"op":"ping"}"#)["ok"] == true)
+    }
+
+    @Test func ridIsEchoedWhenReadableAndNullOtherwise() {
+        let h = EngineHarness()
+        let a = h.connect()
+        #expect(a.send(#"{"op":"ping","rid":"r1"}"#)["rid"] == "r1")
+        #expect(a.send(#"{"op":"fly","rid":7}"#)["rid"] == 7)
+        let r = a.send(#"{"op":"ping","rid":{"a":1}}"#)
+        #expect(r["rid"] == .null)
+        #expect(r["error"]?["code"] == "bad_request")
+        #expect(a.send(#"{"op":"ping"}"#)["rid"] == .null)
+    }
+
+    @Test func depthLimitCountsTheRequestObjectAsLevelOne() {
+        var cfg = EngineConfiguration()
+        cfg.maxDepth = 4
+        let h = EngineHarness(configuration: cfg)
+        let a = h.connect()
+        #expect(a.send(#"{"op":"update","model":{"id":"A","x":{"y":1}}}"#)["ok"] == true)  // depth 3
+        #expect(a.send(#"{"op":"update","model":{"id":"A","x":{"y":[1]}}}"#)["ok"] == true)  // depth 4
+        #expect(a.error(#"{"op":"update","model":{"id":"A","x":{"y":[[1]]}}}"#) == "too_deep")
+    }
+
+    @Test func subscriptionLimitAndDuplicateNames() {
+        var cfg = EngineConfiguration()
+        cfg.maxSubscriptionsPerConnection = 2
+        let h = EngineHarness(configuration: cfg)
+        let a = h.connect()
+        a.ok(#"{"op":"subscribe","sub":"a","key":"k"}"#)
+        #expect(a.error(#"{"op":"subscribe","sub":"a","key":"k"}"#) == "sub_exists")
+        a.ok(#"{"op":"subscribe","sub":"b","key":"k"}"#)
+        #expect(a.error(#"{"op":"subscribe","sub":"c","key":"k"}"#) == "limit_exceeded")
+        a.ok(#"{"op":"unsubscribe","sub":"a"}"#)
+        a.ok(#"{"op":"subscribe","sub":"c","key":"k"}"#)
+    }
+
+    @Test func helloReportsLimits() {
+        let h = EngineHarness()
+        let r = h.connect().ok(#"{"op":"hello","client":"t"}"#)
+        #expect(r["protocol"] == 1)
+        #expect(r["id_key"] == "id")
+        #expect(r["limits"]?["max_depth"] == 128)
+        #expect(r["limits"]?["max_line_bytes"] == .int(16 << 20))
+        #expect(r["limits"]?["max_subscriptions"] == 65536)
+    }
+
+    @Test func integerAndStringIdentitiesAreOneEntity() {
+        let h = EngineHarness()
+        let a = h.connect()
+        a.ok(#"{"op":"update","model":{"id":12,"v":1}}"#)
+        #expect(a.send(#"{"op":"get","id":"12"}"#)["model"]?["v"] == 1)
+        a.ok(#"{"op":"update","model":{"id":"x","a":{"id":1.5,"v":1},"b":{"id":"","v":2}}}"#)
+        #expect(a.send(#"{"op":"stats"}"#)["entities"] == 2)
+    }
+}
