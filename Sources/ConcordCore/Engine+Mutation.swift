@@ -150,23 +150,26 @@ extension Engine {
         var modelResults = [ModelRender](repeating: ModelRender(), count: models.count)
         var keyPayloads = [OutputBytes?](repeating: nil, count: keys.count)
         var entityPayloads = [OutputBytes?](repeating: nil, count: entityIDs.count)
+        let entityList = entityIDs
         let keyEnded = keys.map { change.documentsDeleted.contains($0.key) }
         let total = models.count + keys.count + entityIDs.count
         modelResults.withUnsafeMutableBufferPointer { mr in
             keyPayloads.withUnsafeMutableBufferPointer { kp in
                 entityPayloads.withUnsafeMutableBufferPointer { ep in
+                    let models = models
+                    let (mr, kp, ep) = (mr, kp, ep)
                     executor.forEach(total) { i in
                         if i < models.count {
-                            mr[i] = renderModel(models[i], effects, seq: seq, origins: origins, context: context)
+                            mr[i] = self.renderModel(models[i], effects, seq: seq, origins: origins, context: context)
                         } else if i < models.count + keys.count {
                             let k = i - models.count
                             if !keyEnded[k] {
-                                kp[k] = renderKey(keys[k], forced: change.documentsForced.contains(keys[k].key), context: context)
+                                kp[k] = self.renderKey(keys[k], forced: change.documentsForced.contains(keys[k].key), context: context)
                             }
                         } else {
                             let e = i - models.count - keys.count
                             var w = JSONWriter(capacity: 256)
-                            writeEntityBody(&w, id: entityIDs[e], value: store.entity(entityIDs[e]) ?? .null, context: context)
+                            self.writeEntityBody(&w, id: entityList[e], value: self.store.entity(entityList[e]) ?? .null, context: context)
                             ep[e] = OutputBytes(w.bytes)
                         }
                     }

@@ -1,1 +1,3 @@
-print("placeholder")
+import ArgumentParser
+
+ConcordServerCommand.main()

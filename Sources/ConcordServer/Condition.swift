@@ -1,0 +1,57 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A pthread mutex with one condition variable, heap-allocated so it never moves.
+final class Condition: @unchecked Sendable {
+    // Sendable: the pthread objects are designed for cross-thread use.
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let cond = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+
+    init() {
+        pthread_mutex_init(mutex, nil)
+        pthread_cond_init(cond, nil)
+    }
+
+    deinit {
+        pthread_cond_destroy(cond)
+        pthread_mutex_destroy(mutex)
+        cond.deallocate()
+        mutex.deallocate()
+    }
+
+    func lock() { pthread_mutex_lock(mutex) }
+    func unlock() { pthread_mutex_unlock(mutex) }
+    /// Waits for a signal; call with the lock held.
+    func wait() { pthread_cond_wait(cond, mutex) }
+    func signal() { pthread_cond_signal(cond) }
+    func broadcast() { pthread_cond_broadcast(cond) }
+
+    func withLock<T>(_ body: () throws -> T) rethrows -> T {
+        lock()
+        defer { unlock() }
+        return try body()
+    }
+}
+
+/// Starts a detached pthread running `body`.
+func startThread(name: String, _ body: @escaping @Sendable () -> Void) {
+    final class Box: @unchecked Sendable {
+        // Sendable: handed to exactly one new thread, which consumes it.
+        let body: @Sendable () -> Void
+        let name: String
+        init(_ body: @escaping @Sendable () -> Void, _ name: String) {
+            self.body = body
+            self.name = name
+        }
+    }
+    let box = Unmanaged.passRetained(Box(body, name)).toOpaque()
+    var tid = pthread_t()
+    let rc = pthread_create(&tid, nil, { arg in
+        let box = Unmanaged<AnyObject>.fromOpaque(arg!).takeRetainedValue() as! Box
+        box.body()
+        return nil
+    }, box)
+    precondition(rc == 0, "pthread_create failed: \(rc)")
+    pthread_detach(tid)
+}

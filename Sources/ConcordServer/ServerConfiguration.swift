@@ -1,0 +1,30 @@
+import ConcordCore
+import Logging
+
+/// Everything `concord-server` can be told. Every member has the documented default.
+public struct ServerConfiguration: Sendable {
+    /// The default socket path: `$CONCORD_SOCKET`, else `/tmp/concord.sock`.
+    public static var defaultSocketPath: String {
+        if let p = getenvString("CONCORD_SOCKET"), !p.isEmpty { return p }
+        return "/tmp/concord.sock"
+    }
+
+    /// Unix socket to listen on.
+    public var socketPath = ServerConfiguration.defaultSocketPath
+    /// File mode of the socket (default 0600: only the owner may connect).
+    public var socketMode: UInt32 = 0o600
+    /// Threads of the consistency core: the sequencer plus `threads - 1` workers.
+    /// Default: the number of cores.
+    public var threads = ServerConfiguration.coreCount
+    /// Output queued for one connection beyond which it is disconnected. Default 64 MiB.
+    public var maxOutputBytes = 64 << 20
+    /// Core settings (id key, limits).
+    public var engine = EngineConfiguration()
+
+    public init() {}
+
+    public static var coreCount: Int {
+        let n = sysconfNProcessors()
+        return n > 0 ? n : 1
+    }
+}

@@ -1,0 +1,87 @@
+import ArgumentParser
+import ConcordCore
+import ConcordServer
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct ConcordServerCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "concord-server",
+        abstract: "A reactive cache server for immutable models, over a Unix socket.",
+        discussion: """
+            Clients connect to the Unix socket and speak line-delimited JSON \
+            (docs/PROTOCOL.md). SIGINT or SIGTERM stops accepting, answers what \
+            was already read, flushes, removes the socket file and exits 0.
+            """
+    )
+
+    @Option(help: "Unix socket path to listen on (default: $CONCORD_SOCKET, else /tmp/concord.sock).")
+    var socket: String = ServerConfiguration.defaultSocketPath
+
+    @Option(help: "Threads of the consistency core: the sequencer plus N-1 workers (default: number of cores).")
+    var threads: Int = ServerConfiguration.coreCount
+
+    @Option(help: "Identity member of entities.")
+    var idKey: String = "id"
+
+    @Option(help: "Longest accepted request line in bytes, without its newline; longer lines get too_large.")
+    var maxLineBytes: Int = 16 << 20
+
+    @Option(help: "Deepest accepted nesting of a request line (the request object is level 1); deeper lines get too_deep.")
+    var maxDepth: Int = 128
+
+    @Option(help: "Live subscriptions allowed per connection; more get limit_exceeded.")
+    var maxSubscriptionsPerConnection: Int = 65536
+
+    @Option(help: "Unsent output per connection (bytes) beyond which a client that stopped reading is disconnected.")
+    var maxOutputBytes: Int = 64 << 20
+
+    @Option(help: "File mode of the socket, in octal.")
+    var socketMode: String = "0600"
+
+    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
+    var logLevel: String = "info"
+
+    func validate() throws {
+        if threads < 1 || threads > 256 { throw ValidationError("--threads must be between 1 and 256") }
+        if idKey.isEmpty { throw ValidationError("--id-key must not be empty") }
+        if maxLineBytes < 64 { throw ValidationError("--max-line-bytes must be at least 64") }
+        if maxDepth < 2 || maxDepth > 100_000 { throw ValidationError("--max-depth must be between 2 and 100000") }
+        if maxSubscriptionsPerConnection < 1 { throw ValidationError("--max-subscriptions-per-connection must be at least 1") }
+        if maxOutputBytes < 4096 { throw ValidationError("--max-output-bytes must be at least 4096") }
+        if UInt32(socketMode, radix: 8) == nil { throw ValidationError("--socket-mode must be an octal mode such as 0600") }
+        if Logger.Level(rawValue: logLevel) == nil { throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical") }
+    }
+
+    func run() throws {
+        let level = Logger.Level(rawValue: logLevel) ?? .info
+        LoggingSystem.bootstrap { label in
+            var h = StreamLogHandler.standardError(label: label)
+            h.logLevel = level
+            return h
+        }
+        let logger = Logger(label: "concord.server")
+
+        var config = ServerConfiguration()
+        config.socketPath = socket
+        config.threads = threads
+        config.maxOutputBytes = maxOutputBytes
+        config.socketMode = UInt32(socketMode, radix: 8) ?? 0o600
+        config.engine.idKey = idKey
+        config.engine.maxLineBytes = maxLineBytes
+        config.engine.maxDepth = maxDepth
+        config.engine.maxSubscriptionsPerConnection = maxSubscriptionsPerConnection
+
+        let server = Server(configuration: config, logger: logger)
+        do {
+            let status = try server.run()
+            if status != 0 { throw ExitCode(status) }
+        } catch let e as StartupError {
+            logger.critical("cannot start: \(e.description)")
+            throw ExitCode(1)
+        }
+    }
+}
