@@ -104,6 +104,7 @@ public final class Server {
     fileprivate let readBuffer = UnsafeMutableRawPointer.allocate(byteCount: 1 << 16, alignment: 16)
     private var shuttingDown = false
     private var drained = false
+    private var finished = false
 
     public init(configuration: ServerConfiguration, logger: Logger) {
         self.configuration = configuration
@@ -117,6 +118,12 @@ public final class Server {
     /// Binds, serves until SIGINT/SIGTERM, drains, removes the socket. Returns the exit status.
     public func run() throws(StartupError) -> Int32 {
         signal(SIGPIPE, SIG_IGN)
+        // A parent may hand us a blocked SIGTERM (spawners often do); we must see it.
+        var set = sigset_t()
+        sigemptyset(&set)
+        sigaddset(&set, SIGINT)
+        sigaddset(&set, SIGTERM)
+        pthread_sigmask(SIG_UNBLOCK, &set, nil)
         uv_loop_set_data(loop, Unmanaged.passUnretained(self).toOpaque())
         try prepareSocketPath()
         try listen()
@@ -330,14 +337,6 @@ public final class Server {
     /// The core has answered everything read before the signal: flush and close.
     private func startClosing() {
         drained = true
-        for conn in Array(connections.values) {
-            uv_read_stop(conn.stream)
-            if conn.pendingWrites == 0 {
-                closeConnection(conn, reason: "server shutdown")
-            } else {
-                conn.closeWhenFlushed = true
-            }
-        }
         // A client that never reads must not hold the shutdown forever.
         let t = UnsafeMutablePointer<uv_timer_t>.allocate(capacity: 1)
         uv_timer_init(loop, t)
@@ -347,11 +346,20 @@ public final class Server {
             for conn in Array(server.connections.values) { server.closeConnection(conn, reason: "shutdown timeout") }
         }, 3000, 0)
         drainTimer = t
+        for conn in Array(connections.values) {
+            uv_read_stop(conn.stream)
+            if conn.pendingWrites == 0 {
+                closeConnection(conn, reason: "server shutdown")
+            } else {
+                conn.closeWhenFlushed = true
+            }
+        }
         maybeFinish()
     }
 
     private func maybeFinish() {
-        guard drained, connections.isEmpty else { return }
+        guard drained, connections.isEmpty, !finished else { return }
+        finished = true
         if let t = drainTimer {
             uv_timer_stop(t)
             uv_close(asHandle(t)) { h in h?.deallocate() }

@@ -1,0 +1,38 @@
+# Concord: `make run` starts the server, `make test` runs the whole suite.
+SHELL := /bin/bash
+APT_PACKAGES := libuv1-dev libjemalloc-dev pkg-config
+SOCKET ?= $(if $(CONCORD_SOCKET),$(CONCORD_SOCKET),/tmp/concord.sock)
+SWIFT_TEST_FLAGS ?=
+
+.PHONY: run test build release deps clean soak
+
+# Installs the Debian packages the build needs when one is missing.
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y $$missing || { $$SUDO apt-get update && $$SUDO apt-get install -y $$missing; }; \
+	fi
+
+build: deps
+	swift build
+
+release: deps
+	swift build -c release
+
+run: release
+	.build/release/concord-server --socket $(SOCKET)
+
+# Builds everything (the server binary is what the integration tests spawn), then runs every test.
+test: deps
+	swift build
+	swift test $(SWIFT_TEST_FLAGS)
+
+# Longer randomized runs (see README, "Soak").
+soak: deps
+	swift build
+	CONCORD_SOAK=1 swift test --filter Stress
+
+clean:
+	rm -rf .build

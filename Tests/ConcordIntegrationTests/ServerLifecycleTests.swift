@@ -1,0 +1,134 @@
+import ConcordJSON
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite(.serialized)
+struct ServerLifecycleTests {
+    @Test func refusesToStartWhenALiveServerAnswers() throws {
+        let server = try ServerProcess()
+        let (status, err) = try ServerProcess.runToExit(arguments: ["--socket", server.socketPath])
+        #expect(status != 0)
+        #expect(err.contains("already listening"))
+        // The first server is unharmed.
+        #expect(try server.connect().request(#"{"op":"ping"}"#)["ok"] == true)
+    }
+
+    @Test func replacesAStaleSocketFile() throws {
+        let server = try ServerProcess()
+        let path = server.socketPath
+        kill(server.process.processIdentifier, SIGKILL)
+        server.process.waitUntilExit()
+        #expect(FileManager.default.fileExists(atPath: path))
+        let p = Process()
+        p.executableURL = ServerProcess.binary
+        p.arguments = ["--socket", path]
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        defer { kill(p.processIdentifier, SIGKILL); p.waitUntilExit() }
+        var answered = false
+        for _ in 0..<200 {
+            if let c = try? WireClient(path: path), (try? c.request(#"{"op":"ping"}"#))?["ok"] == true {
+                answered = true
+                break
+            }
+            usleep(20_000)
+        }
+        #expect(answered)
+    }
+
+    @Test func refusesAPathThatIsNotASocket() throws {
+        let path = NSTemporaryDirectory() + "concord-notsock-\(getpid())"
+        FileManager.default.createFile(atPath: path, contents: Data("x".utf8))
+        defer { unlink(path) }
+        let (status, err) = try ServerProcess.runToExit(arguments: ["--socket", path])
+        #expect(status != 0)
+        #expect(err.contains("not a socket"))
+    }
+
+    @Test func sigtermFlushesRemovesTheSocketAndExitsZero() throws {
+        let server = try ServerProcess()
+        let c = try server.connect()
+        for i in 0..<200 { try c.send(#"{"op":"update","model":{"id":"A","v":\#(i)},"rid":\#(i)}"#) }
+        try c.send(#"{"op":"ping","rid":"last"}"#)
+        usleep(100_000)
+        #expect(server.stop() == 0)
+        // Everything sent before the signal was answered and flushed.
+        for i in 0..<200 { #expect(try c.response()["rid"] == .int(i)) }
+        #expect(try c.response()["seq"] == 200)
+        #expect(try c.readLine() == nil)
+        #expect(!FileManager.default.fileExists(atPath: server.socketPath))
+        #expect(server.stderr.contains("concord-server stopped"))
+    }
+
+    @Test func socketModeIsApplied() throws {
+        let server = try ServerProcess(arguments: ["--socket-mode", "0640"])
+        let attrs = try FileManager.default.attributesOfItem(atPath: server.socketPath)
+        #expect((attrs[.posixPermissions] as? Int) == 0o640)
+    }
+
+    @Test func helpExplainsTheOptions() throws {
+        let (status, _) = try ServerProcess.runToExit(arguments: ["--threads", "0"])
+        #expect(status != 0)
+        let p = Process()
+        p.executableURL = ServerProcess.binary
+        p.arguments = ["--help"]
+        let pipe = Pipe()
+        p.standardOutput = pipe
+        try p.run()
+        p.waitUntilExit()
+        let text = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        for option in ["--socket", "--threads", "--id-key", "--max-line-bytes", "--max-depth",
+                       "--max-subscriptions-per-connection", "--max-output-bytes", "--socket-mode", "--log-level"] {
+            #expect(text.contains(option), "help lacks \(option)")
+        }
+    }
+
+    @Test func aClientThatStopsReadingIsDisconnectedAndOthersAreNotSlowed() throws {
+        let server = try ServerProcess(arguments: ["--max-output-bytes", "65536"])
+        let slow = try server.connect()
+        try slow.request(#"{"op":"subscribe","sub":"s","key":"k"}"#)
+        let fast = try server.connect()
+        try fast.request(#"{"op":"subscribe","sub":"s","key":"k"}"#)
+        let writer = try server.connect()
+        let blob = String(repeating: "y", count: 4000)
+        for i in 0..<400 {
+            try writer.send(#"{"op":"update","key":"k","model":{"id":"K","v":\#(i),"blob":"\#(blob)"}}"#)
+            #expect(try writer.response()["seq"] == .int(i + 1))
+            if i % 50 == 49 {
+                // The fast reader keeps up.
+                while try fast.readJSON()?["model"]?["v"] != .int(i) {}
+            }
+        }
+        // The slow one was cut off: reading its socket ends at EOF.
+        slow.setTimeout(10)
+        var sawEOF = false
+        while true {
+            guard let line = try? slow.readLine() else { break }
+            _ = line
+        }
+        sawEOF = (try? slow.readLine()) == nil
+        #expect(sawEOF)
+        #expect(server.stderr.contains("stopped reading"))
+        #expect(try fast.request(#"{"op":"ping"}"#)["ok"] == true)
+    }
+
+    @Test func statsReportsAllocatorFigures() throws {
+        let server = try ServerProcess()
+        let c = try server.connect()
+        try c.request(#"{"op":"subscribe","sub":"a","key":"k"}"#)
+        try c.request(#"{"op":"update","key":"k","model":{"id":"A","b":{"id":"B"}}}"#)
+        let s = try c.request(#"{"op":"stats"}"#)
+        #expect(s["connections"] == 1)
+        #expect(s["subscriptions"] == 1)
+        #expect(s["entities"] == 2)
+        #expect(s["documents"] == 1)
+        #expect(s["collections"] == 0)
+        #expect(s["memory"]?["allocator"] == "jemalloc")
+        #expect((s["memory"]?["resident"]?.numberValue?.intValue ?? 0) > 0)
+        #expect(s["cache"]?["backend"] == "memory")
+    }
+}

@@ -1,0 +1,100 @@
+import ConcordJSON
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A blocking line client over a Unix socket, for black-box tests.
+/// Reads time out (default 10 s) instead of hanging a test.
+final class WireClient {
+    let fd: Int32
+    private var buffer: [UInt8] = []
+    /// Events read while waiting for responses, in arrival order.
+    var events: [JSON] = []
+    private let parser = JSONParser(maxDepth: 100_000)
+
+    init(path: String, timeout: Double = 10) throws {
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestFailure("socket() failed") }
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
+            let bytes = Array(path.utf8.prefix(raw.count - 1))
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        if rc != 0 {
+            Glibc.close(fd)
+            throw TestFailure("connect(\(path)) failed: errno \(errno)")
+        }
+        setTimeout(timeout)
+    }
+
+    func setTimeout(_ seconds: Double) {
+        var tv = timeval(tv_sec: Int(seconds), tv_usec: Int((seconds - Double(Int(seconds))) * 1_000_000))
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    func close() { Glibc.close(fd) }
+    deinit { Glibc.close(fd) }
+
+    func write(_ bytes: [UInt8]) throws {
+        var off = 0
+        while off < bytes.count {
+            let n = bytes[off...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if n <= 0 { throw TestFailure("send failed: errno \(errno)") }
+            off += n
+        }
+    }
+
+    func write(_ s: String) throws { try write(Array(s.utf8)) }
+
+    /// Sends one request line.
+    func send(_ line: String) throws { try write(line + "\n") }
+
+    /// The next line from the server, or nil at EOF.
+    func readLine() throws -> [UInt8]? {
+        while true {
+            if let nl = buffer.firstIndex(of: 0x0A) {
+                let line = Array(buffer[..<nl])
+                buffer.removeSubrange(...nl)
+                return line
+            }
+            var chunk = [UInt8](repeating: 0, count: 1 << 16)
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n == 0 { return nil }
+            if n < 0 { throw TestFailure("read failed or timed out: errno \(errno)") }
+            buffer.append(contentsOf: chunk[..<n])
+        }
+    }
+
+    func readJSON() throws -> JSON? {
+        guard let line = try readLine() else { return nil }
+        return try parser.parse(line)
+    }
+
+    /// Reads until the next response; events on the way are kept in `events`.
+    func response() throws -> JSON {
+        while true {
+            guard let v = try readJSON() else { throw TestFailure("connection closed while waiting for a response") }
+            if v["event"] != nil { events.append(v) } else { return v }
+        }
+    }
+
+    /// Sends a request and returns its response.
+    @discardableResult
+    func request(_ line: String) throws -> JSON {
+        try send(line)
+        return try response()
+    }
+
+    /// Takes the events collected so far.
+    func take() -> [JSON] {
+        defer { events = [] }
+        return events
+    }
+}
