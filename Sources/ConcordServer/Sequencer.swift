@@ -34,7 +34,7 @@ final class Sequencer: @unchecked Sendable {
     private let statsSource = ServerStatsSource()
 
     init(configuration: ServerConfiguration, logger: Logger, deliver: @escaping @Sendable (Delivery) -> Void) {
-        pool = WorkerPool(threads: configuration.threads)
+        pool = WorkerPool(threads: configuration.threads, inlineBelow: configuration.parallelThreshold)
         engine = Engine(configuration: configuration.engine, executor: pool)
         engine.statsSource = statsSource
         self.logger = logger

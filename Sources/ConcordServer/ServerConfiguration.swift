@@ -16,6 +16,10 @@ public struct ServerConfiguration: Sendable {
     /// Threads of the consistency core: the sequencer plus `threads - 1` workers.
     /// Default: the number of cores.
     public var threads = ServerConfiguration.coreCount
+    /// Work items (views to rewrite, payloads to encode, lines to parse) below
+    /// which a batch runs on the sequencer alone: a hand-off to a worker costs
+    /// ~50 µs here. Default 64.
+    public var parallelThreshold = 64
     /// Output queued for one connection beyond which it is disconnected. Default 64 MiB.
     public var maxOutputBytes = 64 << 20
     /// Core settings (id key, limits).

@@ -24,6 +24,9 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(help: "Threads of the consistency core: the sequencer plus N-1 workers (default: number of cores).")
     var threads: Int = ServerConfiguration.coreCount
 
+    @Option(help: "Work items in one step (views to rewrite, lines to parse) from which the core's workers share the work; below it the sequencer works alone.")
+    var parallelThreshold: Int = 64
+
     @Option(help: "Identity member of entities.")
     var idKey: String = "id"
 
@@ -68,6 +71,7 @@ struct ConcordServerCommand: ParsableCommand {
         var config = ServerConfiguration()
         config.socketPath = socket
         config.threads = threads
+        config.parallelThreshold = max(1, parallelThreshold)
         config.maxOutputBytes = maxOutputBytes
         config.socketMode = UInt32(socketMode, radix: 8) ?? 0o600
         config.engine.idKey = idKey
