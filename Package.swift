@@ -48,6 +48,9 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
 
+        // Ad-hoc load and measurement tool (no extra dependencies).
+        .executableTarget(name: "concord-load", dependencies: ["ConcordJSON"], path: "Benchmarks/ConcordLoad", swiftSettings: swiftSettings),
+
         .testTarget(name: "ConcordJSONTests", dependencies: ["ConcordJSON"], swiftSettings: swiftSettings),
         .testTarget(name: "ConcordProtocolTests", dependencies: ["ConcordProtocol", "ConcordJSON"], swiftSettings: swiftSettings),
         .testTarget(name: "ConcordCoreTests", dependencies: ["ConcordCore", "ConcordProtocol", "ConcordJSON"], swiftSettings: swiftSettings),

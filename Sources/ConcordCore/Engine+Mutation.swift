@@ -212,15 +212,13 @@ extension Engine {
             }
             guard let payload = keyPayloads[k] else { continue }
             for s in view.subs {
-                if s.paused {
-                    s.changedWhilePaused = true
-                    s.pausedContext = context
+                if let p = s.pause {
+                    p.changed = true
+                    p.context = context
                     continue
                 }
                 if origins.contains(ObjectIdentifier(s)) { continue }
-                var w = JSONWriter(capacity: 48)
-                eventHeader(&w, "update", s, seq)
-                s.client.output.append(w.bytes)
+                s.client.output.write { eventHeader(&$0, "update", s, seq) }
                 s.client.output.append(shared: payload)
                 markDirty(s.client)
             }
@@ -241,19 +239,17 @@ extension Engine {
     }
 
     private func sendEntity(_ s: Subscription, _ id: String, _ payload: OutputBytes, seq: Int, origins: Set<ObjectIdentifier>, context: JSON?) {
-        if s.paused {
-            if s.pausedEntities[id] == nil {
-                s.pausedEntities[id] = store.valueBeforeMutation(id)
-                s.pausedOrder.append(id)
+        if let p = s.pause {
+            if p.entities[id] == nil {
+                p.entities[id] = store.valueBeforeMutation(id)
+                p.order.append(id)
             }
-            s.changedWhilePaused = true
-            s.pausedContext = context
+            p.changed = true
+            p.context = context
             return
         }
         if origins.contains(ObjectIdentifier(s)) { return }
-        var w = JSONWriter(capacity: 48)
-        eventHeader(&w, "entity", s, seq)
-        s.client.output.append(w.bytes)
+        s.client.output.write { eventHeader(&$0, "entity", s, seq) }
         s.client.output.append(shared: payload)
         markDirty(s.client)
     }
@@ -300,10 +296,10 @@ extension Engine {
         let changed = t != view.tree
         view.tree = t
         guard changed || forced else { return result }
-        if s.paused {
+        if let p = s.pause {
             if changed {
-                s.changedWhilePaused = true
-                s.pausedContext = context
+                p.changed = true
+                p.context = context
             }
             return result
         }

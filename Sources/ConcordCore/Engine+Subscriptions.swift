@@ -103,33 +103,18 @@ extension Engine {
 
     func pause(_ s: Subscription) {
         guard !s.paused else { return }
-        s.paused = true
-        s.changedWhilePaused = false
-        s.pausedContext = nil
-        switch s.kind {
-        case .key(let view):
-            s.pausedDocument = view.value
-        case .ids, .feed:
-            s.pausedEntities = [:]
-            s.pausedOrder = []
-        case .model:
-            break  // lastSent already holds what the client has
-        }
+        let state = PauseState()
+        if case .key(let view) = s.kind { state.document = view.value }
+        // Model views need nothing: `lastSent` already holds what the client has.
+        s.pause = state
     }
 
     /// Sends at most one event taking the subscriber from what it last got to now.
     func resume(_ s: Subscription) {
-        guard s.paused else { return }
-        s.paused = false
+        guard let state = s.pause else { return }
+        s.pause = nil
         let c = s.client
-        let context = s.changedWhilePaused ? s.pausedContext : nil
-        defer {
-            s.changedWhilePaused = false
-            s.pausedContext = nil
-            s.pausedDocument = nil
-            s.pausedEntities = [:]
-            s.pausedOrder = []
-        }
+        let context = state.changed ? state.context : nil
         switch s.kind {
         case .model(let view):
             guard view.tree != view.lastSent else { return }
@@ -138,7 +123,7 @@ extension Engine {
             c.output.append(bytes)
             markDirty(c)
         case .key(let view):
-            let base = s.pausedDocument
+            let base = state.document
             let now = view.value
             if base == now { return }
             var w = JSONWriter()
@@ -147,8 +132,8 @@ extension Engine {
             c.output.append(w.bytes)
             markDirty(c)
         case .ids, .feed:
-            for id in s.pausedOrder {
-                let base = s.pausedEntities[id] ?? .null
+            for id in state.order {
+                let base = state.entities[id] ?? .null
                 let now = store.entity(id) ?? .null
                 if base == now { continue }
                 var w = JSONWriter()
@@ -167,7 +152,7 @@ extension Engine {
         w.raw("{\"event\":\"")
         w.raw(event)
         w.raw("\",\"sub\":")
-        w.raw(s.encodedName)
+        s.writeName(&w)
         w.raw(",\"seq\":")
         w.int(seq)
     }

@@ -1,3 +1,5 @@
+import ConcordJSON
+
 /// Immutable bytes shared by every connection that sends them.
 ///
 /// An event payload encoded once for a view value is one `OutputBytes`; each
@@ -36,6 +38,16 @@ public struct OutputQueue {
     mutating func append(_ bytes: [UInt8]) {
         pending.append(contentsOf: bytes)
         byteCount += bytes.count
+    }
+
+    /// Writes straight into the pending bytes (no temporary buffer).
+    mutating func write(_ body: (inout JSONWriter) -> Void) {
+        var w = JSONWriter(adopting: pending)
+        pending = []
+        let before = w.bytes.count
+        body(&w)
+        byteCount += w.bytes.count - before
+        pending = w.bytes
     }
 
     mutating func append(shared: OutputBytes) {

@@ -1,5 +1,19 @@
 import ConcordJSON
 
+/// What a paused subscription remembers until it resumes.
+final class PauseState {
+    /// Set when the view changed while paused; `context` is then the context
+    /// of the last such mutation (nil when it had none).
+    var changed = false
+    var context: JSON?
+    /// Key views: the document last sent before the pause (nil: no document).
+    var document: JSON?
+    /// `ids`/`feed` views: each entity changed while paused, with the value
+    /// this subscription was last sent (null: absent), in order of first change.
+    var entities: [String: JSON] = [:]
+    var order: [String] = []
+}
+
 /// One client session as the core sees it.
 final class Client {
     let id: ConnectionID
@@ -21,31 +35,34 @@ final class Subscription {
 
     unowned let client: Client
     let name: String
-    /// `{"event":"` is written by the caller; this is `","sub":"name","seq":`-ready name text.
-    let encodedName: [UInt8]
     var kind: Kind
     /// Position in the key view's subscriber list (key subscriptions only).
     var slot = -1
+    /// True when `name` can be written between quotes as it is (the common case),
+    /// so event headers need no escaping pass and no stored copy.
+    let nameIsPlain: Bool
+    /// Present while paused. Kept out of line: most subscriptions never pause,
+    /// and a million of them should not each carry this state.
+    var pause: PauseState?
 
-    var paused = false
-    /// Set when the view changed while paused; `pausedContext` is then the
-    /// context of the last such mutation (nil when it had none).
-    var changedWhilePaused = false
-    var pausedContext: JSON?
-    /// Key views: the document last sent before the pause (nil: no document).
-    var pausedDocument: JSON?
-    /// `ids`/`feed` views: each entity changed while paused, with the value
-    /// this subscription was last sent (null: absent), in order of first change.
-    var pausedEntities: [String: JSON] = [:]
-    var pausedOrder: [String] = []
+    var paused: Bool { pause != nil }
 
     init(client: Client, name: String, kind: Kind) {
         self.client = client
         self.name = name
         self.kind = kind
-        var w = JSONWriter(capacity: name.utf8.count + 2)
-        w.string(name)
-        self.encodedName = w.bytes
+        self.nameIsPlain = name.utf8.allSatisfy { $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }
+    }
+
+    /// Writes the name as a JSON string.
+    func writeName(_ w: inout JSONWriter) {
+        if nameIsPlain {
+            w.bytes.append(0x22)
+            w.bytes.append(contentsOf: name.utf8)
+            w.bytes.append(0x22)
+        } else {
+            w.string(name)
+        }
     }
 
     var typeName: String {

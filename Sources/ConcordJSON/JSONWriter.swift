@@ -11,6 +11,11 @@ public struct JSONWriter: Sendable {
         bytes.reserveCapacity(capacity)
     }
 
+    /// Continues writing after `bytes` (which the writer takes over).
+    public init(adopting bytes: [UInt8]) {
+        self.bytes = bytes
+    }
+
     @inlinable public mutating func raw(_ s: StaticString) {
         bytes.append(contentsOf: UnsafeBufferPointer(start: s.utf8Start, count: s.utf8CodeUnitCount))
     }

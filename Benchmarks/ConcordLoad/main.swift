@@ -1,0 +1,240 @@
+// concord-load: ad-hoc load and measurement tool for concord-server.
+//
+//   concord-load codec                         parse/encode MB/s of ConcordJSON
+//   concord-load pipeline  --socket P [-n N]   pipelined updates/s on one connection
+//   concord-load fanout    --socket P [-s S] [-n N]   delivered events/s, S subscribers on one key
+//   concord-load subs      --socket P [-n N]   jemalloc bytes per key subscription
+//
+// The full benchmark suite (Redis side by side, latency histograms) is issue 6.
+
+import ConcordJSON
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+signal(SIGPIPE, SIG_IGN)
+
+nonisolated(unsafe) var args = Array(CommandLine.arguments.dropFirst())
+let command = args.isEmpty ? "help" : args.removeFirst()
+
+func option(_ name: String, _ fallback: String) -> String {
+    if let i = args.firstIndex(of: name), i + 1 < args.count { return args[i + 1] }
+    return fallback
+}
+
+let socketPath = option("--socket", ProcessInfo.processInfo.environment["CONCORD_SOCKET"] ?? "/tmp/concord.sock")
+
+func now() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+}
+
+// MARK: A minimal blocking client
+
+final class Client: @unchecked Sendable {
+    // Sendable: each instance is used by one thread at a time.
+    let fd: Int32
+    var buf = [UInt8](repeating: 0, count: 1 << 20)
+    var start = 0
+    var end = 0
+
+    init(_ path: String) {
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
+            let b = Array(path.utf8)
+            raw.copyBytes(from: b)
+            raw[b.count] = 0
+        }
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        if rc != 0 {
+            FileHandle.standardError.write(Data("cannot connect to \(path)\n".utf8))
+            exit(1)
+        }
+    }
+
+    func write(_ bytes: [UInt8]) {
+        var off = 0
+        while off < bytes.count {
+            let n = bytes[off...].withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
+            if n <= 0 { FileHandle.standardError.write(Data("send failed\n".utf8)); exit(1) }
+            off += n
+        }
+    }
+
+    /// Calls `line` for each complete line until it returns false.
+    func readLines(_ line: (UnsafeBufferPointer<UInt8>) -> Bool) {
+        while true {
+            while let nl = buf[start..<end].firstIndex(of: 0x0A) {
+                let keepGoing = buf.withUnsafeBufferPointer { line(UnsafeBufferPointer(rebasing: $0[start..<nl])) }
+                start = nl + 1
+                if !keepGoing { return }
+            }
+            if start > 0 {
+                buf.replaceSubrange(0..<(end - start), with: buf[start..<end])
+                end -= start
+                start = 0
+            }
+            if end == buf.count { buf += [UInt8](repeating: 0, count: buf.count) }
+            let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + end, $0.count - end, 0) }
+            if n <= 0 { FileHandle.standardError.write(Data("connection closed\n".utf8)); exit(1) }
+            end += n
+        }
+    }
+
+    func request(_ line: String) -> JSON {
+        write(Array((line + "\n").utf8))
+        var out = JSON.null
+        readLines { l in
+            let v = try! JSONParser().parse(Array(l))
+            if v["event"] != nil { return true }
+            out = v
+            return false
+        }
+        return out
+    }
+}
+
+func contains(_ l: UnsafeBufferPointer<UInt8>, _ needle: [UInt8]) -> Bool {
+    guard l.count >= needle.count else { return false }
+    var i = 0
+    while i + needle.count <= l.count {
+        if l[i] == needle[0] {
+            var j = 1
+            while j < needle.count && l[i + j] == needle[j] { j += 1 }
+            if j == needle.count { return true }
+        }
+        i += 1
+    }
+    return false
+}
+
+func model200(_ id: String, _ v: Int) -> String {
+    #"{"id":"\#(id)","v":\#(v),"name":"Ada Lovelace","title":"Analyst","bio":"First to publish an algorithm for a machine.","tags":["math","poetry","engines"],"org":{"id":"Org:1","name":"Analytical"}}"#
+}
+
+// MARK: Commands
+
+switch command {
+case "codec":
+    // A ~1 KB nested document, as in PLATFORM-NOTES.
+    var items: [String] = []
+    for i in 0..<6 {
+        items.append(#"{"id":"Post:\#(i)","title":"Title number \#(i) with some words","likes":\#(i * 17),"score":\#(Double(i) * 1.25),"author":{"id":"Person:\#(i)","name":"Person \#(i)","verified":true}}"#)
+    }
+    let doc = Array(#"{"id":"Feed:1","kind":"home","updated":"2026-11-22T00:00:00Z","posts":[\#(items.joined(separator: ","))],"cursor":null}"#.utf8)
+    let parser = JSONParser()
+    let value = try! parser.parse(doc)
+    let n = Int(option("-n", "200000"))!
+    var t = now()
+    var sink = 0
+    for _ in 0..<n { if case .object(let o) = try! parser.parse(doc) { sink &+= o.count } }
+    let parseS = now() - t
+    t = now()
+    for _ in 0..<n { sink &+= value.encoded().count }
+    let encodeS = now() - t
+    let mb = Double(doc.count * n) / 1e6
+    print("document \(doc.count) B, \(n) iterations (sink \(sink % 7))")
+    print(String(format: "parse:  %.1f MB/s  (%.2f µs per document)", mb / parseS, parseS / Double(n) * 1e6))
+    print(String(format: "encode: %.1f MB/s  (%.2f µs per document)", mb / encodeS, encodeS / Double(n) * 1e6))
+
+case "pipeline":
+    let n = Int(option("-n", "200000"))!
+    let c = Client(socketPath)
+    _ = c.request(#"{"op":"hello"}"#)
+    let lines = (0..<n).map { i -> [UInt8] in
+        let m = model200("Person:\(i % 1000)", i)
+        return Array((#"{"op":"update","model":\#(m)}"# + "\n").utf8)
+    }
+    let t = now()
+    let writer = Thread {
+        var chunk: [UInt8] = []
+        for l in lines {
+            chunk += l
+            if chunk.count > 1 << 16 { c.write(chunk); chunk.removeAll(keepingCapacity: true) }
+        }
+        c.write(chunk)
+    }
+    writer.start()
+    var got = 0
+    c.readLines { _ in
+        got += 1
+        return got < n
+    }
+    let s = now() - t
+    print(String(format: "pipelined updates: %d in %.2f s = %.0f updates/s", n, s, Double(n) / s))
+
+case "fanout":
+    let subs = Int(option("-s", "100"))!
+    let n = Int(option("-n", "20000"))!
+    let kind = option("--kind", "key")
+    let readers = (0..<subs).map { _ in Client(socketPath) }
+    for (i, r) in readers.enumerated() {
+        let body = kind == "key" ? #""key":"fan""# : (kind == "ids" ? #""ids":["Person:1"]"# : #""model":\#(model200("Person:1", -1))"#)
+        let resp = r.request(#"{"op":"subscribe","sub":"s\#(i)",\#(body)}"#)
+        if resp["ok"] != true { print("subscribe failed: \(resp.compactString)"); exit(1) }
+    }
+    let writer = Client(socketPath)
+    let needle = Array(#""seq":"#.utf8)
+    let group = DispatchGroup()
+    let t = now()
+    for r in readers {
+        group.enter()
+        Thread {
+            var count = 0
+            r.readLines { l in
+                if contains(l, needle) { count += 1 }
+                return count < n
+            }
+            group.leave()
+        }.start()
+    }
+    Thread {
+        var chunk: [UInt8] = []
+        for i in 0..<n {
+            let line = kind == "key"
+                ? #"{"op":"update","key":"fan","model":\#(model200("Person:1", i))}"#
+                : #"{"op":"update","model":\#(model200("Person:1", i))}"#
+            chunk += Array((line + "\n").utf8)
+            if chunk.count > 1 << 16 { writer.write(chunk); chunk.removeAll(keepingCapacity: true) }
+        }
+        writer.write(chunk)
+    }.start()
+    group.wait()
+    let s = now() - t
+    print(String(format: "fan-out (%@ views): %d subscribers × %d updates in %.2f s = %.0f updates/s, %.0f delivered events/s",
+                 kind, subs, n, s, Double(n) / s, Double(subs * n) / s))
+
+case "subs":
+    let n = Int(option("-n", "100000"))!
+    let perConn = 50_000
+    let probe = Client(socketPath)
+    func allocated() -> Int { probe.request(#"{"op":"stats"}"#)["memory"]!["allocated"]!.numberValue!.intValue! }
+    let conns = (0..<((n + perConn - 1) / perConn)).map { _ in Client(socketPath) }
+    let before = allocated()
+    let shared = option("--shared", "no") == "yes"
+    for (ci, c) in conns.enumerated() {
+        let count = min(perConn, n - ci * perConn)
+        var chunk: [UInt8] = []
+        for i in 0..<count {
+            let key = shared ? "k" : "k\(ci * perConn + i)"
+            chunk += Array((#"{"op":"subscribe","sub":"s\#(i)","key":"\#(key)"}"# + "\n").utf8)
+            if chunk.count > 1 << 16 { c.write(chunk); chunk.removeAll(keepingCapacity: true) }
+        }
+        c.write(chunk)
+        var got = 0
+        c.readLines { _ in got += 1; return got < count }
+    }
+    let after = allocated()
+    print(String(format: "%d key subscriptions (%@ keys): %.1f jemalloc bytes each (allocated %d → %d)",
+                 n, shared ? "one shared" : "distinct", Double(after - before) / Double(n), before, after))
+
+default:
+    print("usage: concord-load codec | pipeline | fanout [-s S] [--kind key|model|ids] | subs [--shared yes] [--socket PATH] [-n N]")
+}
