@@ -1,0 +1,88 @@
+import Testing
+
+@testable import ConcordJSON
+
+struct JSONParserTests {
+    let parser = JSONParser()
+
+    @Test(arguments: [
+        "{}", "[]", "0", "-0", "1.5e10", "-1E-2", "\"a\"", "true", "false", "null",
+        #"{"a":[1,{"b":null}],"c":"\u00e9\ud83d\ude00\n\t\"\\\/"}"#, " \t\r\n[ 1 , 2 ]\n ",
+    ])
+    func acceptsValidJSON(text: String) throws {
+        let v = try parser.parse(text)
+        // Round trip: encoding and re-parsing gives an equal value.
+        #expect(try parser.parse(v.compactString) == v)
+    }
+
+    @Test(arguments: [
+        "", "{", "[1,]", "{\"a\":1,}", "01", "1.", ".5", "1e", "+1", "NaN", "Infinity", "-Infinity",
+        "tru", "nul", "'a'", "{a:1}", "\"\u{01}\"", "\"\\x\"", "\"\\u12\"", "\"\\ud800\"", "\"\\udc00\"",
+        "[1] [2]", "\u{FEFF}{}", "{\"a\" 1}", "\"abc",
+    ])
+    func rejectsInvalidJSON(text: String) {
+        #expect(throws: JSONParseError.self) { try parser.parse(text) }
+    }
+
+    @Test func rejectsInvalidUTF8() {
+        for bytes: [UInt8] in [[0x22, 0xC3, 0x28, 0x22], [0x22, 0xFF, 0x22], [0x22, 0xED, 0xA0, 0x80, 0x22], [0x22, 0xE2, 0x82, 0x22]] {
+            #expect(throws: JSONParseError.self) { try parser.parse(bytes) }
+        }
+    }
+
+    @Test func depthLimitCountsTheOutermostContainerAsOne() throws {
+        let p = JSONParser(maxDepth: 3)
+        _ = try p.parse("[[[1]]]")
+        #expect(throws: JSONParseError.self) { try p.parse("[[[[1]]]]") }
+        do {
+            _ = try p.parse("{\"a\":{\"b\":[[]]}}")
+            Issue.record("expected too deep")
+        } catch {
+            #expect(error.kind == .tooDeep)
+        }
+    }
+
+    @Test func duplicatedMembersKeepTheLastValueAtTheFirstPosition() throws {
+        let v = try parser.parse(#"{"a":1,"b":2,"a":3}"#)
+        #expect(v.compactString == #"{"a":3,"b":2}"#)
+        var many = "{"
+        for i in 0..<40 { many += "\"k\(i)\":\(i)," }
+        many += "\"k0\":\"last\"}"
+        let w = try parser.parse(many)
+        #expect(w["k0"] == "last")
+        #expect(w.objectValue?.count == 40)
+    }
+
+    @Test func numbersCompareByValue() throws {
+        #expect(try parser.parse("1") == parser.parse("1.0"))
+        #expect(try parser.parse("1") == parser.parse("10e-1"))
+        #expect(try parser.parse("-0") == parser.parse("0"))
+        #expect(try parser.parse("0.1") != parser.parse("0.10000000000000001"))
+        #expect(try parser.parse("123456789012345678901234567890") != parser.parse("123456789012345678901234567891"))
+        #expect(try parser.parse("1e400") != parser.parse("2e400"))
+    }
+
+    @Test func objectsCompareWithoutMemberOrder() throws {
+        #expect(try parser.parse(#"{"a":1,"b":[1,2]}"#) == parser.parse(#"{"b":[1,2.0],"a":1}"#))
+        #expect(try parser.parse(#"{"a":1}"#) != parser.parse(#"{"a":1,"b":null}"#))
+        #expect(try parser.parse("[1,2]") != parser.parse("[2,1]"))
+    }
+
+    @Test func identities() throws {
+        #expect(try parser.parse(#"{"id":12}"#).identity(idKey: "id") == "12")
+        #expect(try parser.parse(#"{"id":"12"}"#).identity(idKey: "id") == "12")
+        #expect(try parser.parse(#"{"id":-0}"#).identity(idKey: "id") == "0")
+        for bad in [#"{"id":1.5}"#, #"{"id":1e2}"#, #"{"id":""}"#, #"{"id":null}"#, #"{"id":{}}"#, #"{"id":true}"#, #"{"x":1}"#] {
+            #expect(try parser.parse(bad).identity(idKey: "id") == nil, "\(bad)")
+        }
+        #expect(try parser.parse(#"{"key":"A"}"#).identity(idKey: "key") == "A")
+    }
+
+    @Test func writerEscapesWhatRFC8259Requires() {
+        let v = JSON.string("q\"b\\n\n\u{01}é")
+        #expect(v.compactString == #""q\"b\\n\n\u0001é""#)
+        var w = JSONWriter()
+        for i in [0, 7, 10, -1, 1234567, Int.min, Int.max] { w.int(i); w.raw(",") }
+        #expect(String(decoding: w.bytes, as: UTF8.self) == "0,7,10,-1,1234567,-9223372036854775808,9223372036854775807,")
+    }
+}
