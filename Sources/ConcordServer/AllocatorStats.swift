@@ -32,7 +32,7 @@ enum AllocatorStats {
         if CJemalloc_read_unsigned("opt.narenas", &narenas) == 0 { o["narenas"] = .int(Int(narenas)) }
         var bg = false
         if CJemalloc_read_bool("background_thread", &bg) == 0 { o["background_thread"] = .bool(bg) }
-        o["malloc_conf"] = .string(String(cString: concord_malloc_conf_in_effect()))
+        o["malloc_conf_builtin"] = .string(String(cString: concord_malloc_conf_in_effect()))
         return .object(o)
     }
 }
