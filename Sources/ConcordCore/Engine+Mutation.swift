@@ -61,8 +61,20 @@ extension Engine {
                     effects.append(.delete(ch.deleted))
                 case .deleteKey(let key):
                     change.formUnion(store.deleteDocument(key))
-                case .collectionSet, .collectionInsert, .collectionRemoveAt, .collectionRemoveIDs, .collectionDelete:
-                    throw Self.collectionsUnsupported
+                case .collectionSet(let name, let items):
+                    let (ch, prepared) = try store.collectionSet(name, items: items)
+                    change.formUnion(ch)
+                    effects.append(.update(UpdateEffect(ids: Set(prepared.order), swap: prepared.values, partials: nil, force: false)))
+                case .collectionInsert(let name, let index, let items):
+                    let (ch, prepared) = try store.collectionInsert(name, index: index, items: items)
+                    change.formUnion(ch)
+                    effects.append(.update(UpdateEffect(ids: Set(prepared.order), swap: prepared.values, partials: nil, force: false)))
+                case .collectionRemoveAt(let name, let index, let count):
+                    try store.collectionRemove(name, index: index, count: count)
+                case .collectionRemoveIDs(let name, let ids):
+                    store.collectionRemoveIDs(name, ids: ids)
+                case .collectionDelete(let name):
+                    change.formUnion(store.collectionDelete(name))
                 case .batch, .clear:
                     throw ProtocolError(.badRequest, "not allowed in a batch")
                 }
@@ -88,6 +100,7 @@ extension Engine {
         }
         modelWatchers = [:]
         keyViews = [:]
+        collectionViews = [:]
         idWatchers = [:]
         feeds = [:]
         subscriptionCount = 0
@@ -126,6 +139,16 @@ extension Engine {
             }
         }
 
+        // Collection views with changes, or dropped.
+        var lists: [CollectionView] = []
+        if !collectionViews.isEmpty {
+            for name in Set(store.collectionChanges.keys).union(change.collectionsDeleted) {
+                if let v = collectionViews[name] { lists.append(v) }
+            }
+        }
+        let listEnded = lists.map { change.collectionsDeleted.contains($0.name) }
+        let listChanges = lists.map { store.collectionChanges[$0.name] ?? [] }
+
         // Entities whose `entity` event some ids or feed subscription wants.
         var entityIDs: [String] = []
         if !idWatchers.isEmpty || !feeds.isEmpty {
@@ -150,15 +173,28 @@ extension Engine {
         var modelResults = [ModelRender](repeating: ModelRender(), count: models.count)
         var keyPayloads = [OutputBytes?](repeating: nil, count: keys.count)
         var entityPayloads = [OutputBytes?](repeating: nil, count: entityIDs.count)
+        var listPayloads = [OutputBytes?](repeating: nil, count: lists.count)
         let entityList = entityIDs
         let keyEnded = keys.map { change.documentsDeleted.contains($0.key) }
-        let total = models.count + keys.count + entityIDs.count
+        let total = models.count + keys.count + entityIDs.count + lists.count
+        let listBase = models.count + keys.count + entityIDs.count
         modelResults.withUnsafeMutableBufferPointer { mr in
             keyPayloads.withUnsafeMutableBufferPointer { kp in
                 entityPayloads.withUnsafeMutableBufferPointer { ep in
+                  listPayloads.withUnsafeMutableBufferPointer { lp in
                     let models = models
-                    let (mr, kp, ep) = (mr, kp, ep)
+                    let lists = lists
+                    let (mr, kp, ep, lp) = (mr, kp, ep, lp)
                     executor.forEach(total) { i in
+                        if i >= listBase {
+                            let l = i - listBase
+                            if !listEnded[l] && !listChanges[l].isEmpty {
+                                var w = JSONWriter(capacity: 256)
+                                self.writeCollectionBody(&w, name: lists[l].name, changes: listChanges[l], context: context)
+                                lp[l] = OutputBytes(w.bytes)
+                            }
+                            return
+                        }
                         if i < models.count {
                             mr[i] = self.renderModel(models[i], effects, seq: seq, origins: origins, context: context)
                         } else if i < models.count + keys.count {
@@ -173,6 +209,7 @@ extension Engine {
                             ep[e] = OutputBytes(w.bytes)
                         }
                     }
+                  }
                 }
             }
         }
@@ -219,6 +256,32 @@ extension Engine {
                 }
                 if origins.contains(ObjectIdentifier(s)) { continue }
                 s.client.output.write { eventHeader(&$0, "update", s, seq) }
+                s.client.output.append(shared: payload)
+                markDirty(s.client)
+            }
+        }
+        for (l, view) in lists.enumerated() {
+            if listEnded[l] {
+                for s in view.subs {
+                    s.client.output.append(deleteEventBytes(s, seq: seq, context: context))
+                    markDirty(s.client)
+                    s.client.subs[s.name] = nil
+                    s.slot = -1
+                    subscriptionCount -= 1
+                }
+                view.subs = []
+                collectionViews[view.name] = nil
+                continue
+            }
+            guard let payload = listPayloads[l] else { continue }
+            for s in view.subs {
+                if let p = s.pause {
+                    p.changed = true
+                    p.context = context
+                    continue
+                }
+                if origins.contains(ObjectIdentifier(s)) { continue }
+                s.client.output.write { eventHeader(&$0, "collection", s, seq) }
                 s.client.output.append(shared: payload)
                 markDirty(s.client)
             }

@@ -58,8 +58,19 @@ extension Engine {
             feeds[ObjectIdentifier(s)] = s
             add(s, to: c)
             respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
-        case .collection:
-            throw Self.collectionsUnsupported
+        case .collection(let name):
+            let view: CollectionView
+            if let v = collectionViews[name] {
+                view = v
+            } else {
+                view = CollectionView(name: name)
+                collectionViews[name] = view
+            }
+            let s = Subscription(client: c, name: name, kind: .collection(view))
+            view.add(s)
+            add(s, to: c)
+            let items = store.collectionItems(name)
+            respond(c, rid: rid) { w in w.key("items"); w.value(.array(items)); w.key("seq"); w.int(seq) }
         }
     }
 
@@ -89,6 +100,9 @@ extension Engine {
             }
         case .feed:
             feeds[ObjectIdentifier(s)] = nil
+        case .collection(let view):
+            view.remove(s)
+            if view.subs.isEmpty { collectionViews[view.name] = nil }
         }
     }
 
@@ -104,7 +118,11 @@ extension Engine {
     func pause(_ s: Subscription) {
         guard !s.paused else { return }
         let state = PauseState()
-        if case .key(let view) = s.kind { state.document = view.value }
+        switch s.kind {
+        case .key(let view): state.document = view.value
+        case .collection(let view): state.items = store.collectionItems(view.name)
+        default: break
+        }
         // Model views need nothing: `lastSent` already holds what the client has.
         s.pause = state
     }
@@ -129,6 +147,14 @@ extension Engine {
             var w = JSONWriter()
             eventHeader(&w, "update", s, seq)
             writeDocumentBody(&w, old: base, new: now, context: context)
+            c.output.append(w.bytes)
+            markDirty(c)
+        case .collection(let view):
+            let now = store.collectionItems(view.name)
+            if now == state.items { return }
+            var w = JSONWriter()
+            eventHeader(&w, "collection", s, seq)
+            writeCollectionBody(&w, name: view.name, changes: [.reset(items: now)], context: context)
             c.output.append(w.bytes)
             markDirty(c)
         case .ids, .feed:
@@ -171,6 +197,31 @@ extension Engine {
         for (i, id) in deleted.enumerated() {
             if i > 0 { w.raw(",") }
             w.string(id)
+        }
+        w.raw("]")
+        writeContextAndEnd(&w, context)
+    }
+
+    /// `,"collection":…,"changes":[…][,"context":…]}\n`
+    func writeCollectionBody(_ w: inout JSONWriter, name: String, changes: [CollectionChange], context: JSON?) {
+        w.raw(",\"collection\":")
+        w.string(name)
+        w.raw(",\"changes\":[")
+        for (i, c) in changes.enumerated() {
+            if i > 0 { w.raw(",") }
+            switch c {
+            case .insert(let index, let items):
+                w.raw("{\"op\":\"insert\",\"index\":"); w.int(index)
+                w.raw(",\"items\":"); w.value(.array(items)); w.raw("}")
+            case .remove(let index, let count):
+                w.raw("{\"op\":\"remove\",\"index\":"); w.int(index)
+                w.raw(",\"count\":"); w.int(count); w.raw("}")
+            case .update(let index, let item):
+                w.raw("{\"op\":\"update\",\"index\":"); w.int(index)
+                w.raw(",\"item\":"); w.value(item); w.raw("}")
+            case .reset(let items):
+                w.raw("{\"op\":\"reset\",\"items\":"); w.value(.array(items)); w.raw("}")
+            }
         }
         w.raw("]")
         writeContextAndEnd(&w, context)

@@ -51,6 +51,7 @@ public final class Engine {
     /// Identity → the model views holding it.
     var modelWatchers: [String: [ObjectIdentifier: ModelView]] = [:]
     var keyViews: [String: KeyView] = [:]
+    var collectionViews: [String: CollectionView] = [:]
     /// Identity → the `ids` subscriptions listing it.
     var idWatchers: [String: [ObjectIdentifier: Subscription]] = [:]
     var feeds: [ObjectIdentifier: Subscription] = [:]
@@ -186,8 +187,9 @@ public final class Engine {
             case .id(let id):
                 let v = store.entity(id) ?? .null
                 respond(c, rid: r.rid) { w in w.key("model"); w.value(v); w.key("seq"); w.int(seq) }
-            case .collection:
-                throw Self.collectionsUnsupported
+            case .collection(let name):
+                let items = store.collectionItems(name)
+                respond(c, rid: r.rid) { w in w.key("items"); w.value(.array(items)); w.key("seq"); w.int(seq) }
             }
         case .schema(let lists):
             if let lists { store.setSchema(lists) }
@@ -224,8 +226,6 @@ public final class Engine {
             try mutate(c, rid: r.rid, m, options)
         }
     }
-
-    static let collectionsUnsupported = ProtocolError(.internal, "collections are not implemented by this server build yet")
 
     func noSuchSub(_ name: String) -> ProtocolError {
         ProtocolError(.noSuchSub, "no live subscription named '\(clipID(name))' on this connection")
@@ -272,7 +272,7 @@ public final class Engine {
             w.key("subscriptions"); w.int(subscriptionCount)
             w.key("entities"); w.int(store.entities.count)
             w.key("documents"); w.int(store.documents.count)
-            w.key("collections"); w.int(0)
+            w.key("collections"); w.int(store.collections.count)
             w.key("seq"); w.int(seq)
             w.key("memory"); w.value(memory)
             w.key("cache"); w.value(cache)
@@ -280,7 +280,7 @@ public final class Engine {
     }
 
     /// Entities, documents and live subscriptions, for the driver's logs.
-    public var counts: (entities: Int, documents: Int, subscriptions: Int) {
-        (store.entities.count, store.documents.count, subscriptionCount)
+    public var counts: (entities: Int, documents: Int, collections: Int, subscriptions: Int) {
+        (store.entities.count, store.documents.count, store.collections.count, subscriptionCount)
     }
 }

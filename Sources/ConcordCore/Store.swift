@@ -46,6 +46,8 @@ struct StoreChange {
     var documentsDeleted: Set<String> = []
     /// Documents that hold a forced entity (told even when unchanged).
     var documentsForced: Set<String> = []
+    /// Collections dropped (`collection.delete`).
+    var collectionsDeleted: Set<String> = []
 
     mutating func formUnion(_ o: StoreChange) {
         valueChanged.formUnion(o.valueChanged)
@@ -55,6 +57,7 @@ struct StoreChange {
         documentsChanged.formUnion(o.documentsChanged)
         documentsDeleted.formUnion(o.documentsDeleted)
         documentsForced.formUnion(o.documentsForced)
+        collectionsDeleted.formUnion(o.collectionsDeleted)
     }
 }
 
@@ -69,6 +72,14 @@ final class Store {
     private var referrers: [String: [String: Int]] = [:]
     /// Entity → the documents that hold it as a top-most entity.
     private var documentReferrers: [String: [String: Int]] = [:]
+    /// Ordered collections of entity references (Store+Collections.swift).
+    var collections: [String: CollectionRecord] = [:]
+    /// Entity → the collections holding it, with occurrence counts.
+    var collectionReferrers: [String: [String: Int]] = [:]
+    /// First-touch copies of the collections the running mutation changed.
+    var collectionJournal: [String: CollectionRecord?] = [:]
+    /// The running mutation's changes per collection, in order.
+    var collectionChanges: [String: [CollectionChange]] = [:]
     /// Required members per type, and the order types were first declared in.
     private(set) var required: [String: Set<String>] = [:]
     private(set) var requiredLists: [(type: String, members: [String])] = []
@@ -87,12 +98,15 @@ final class Store {
     func commit() {
         entityJournal.removeAll(keepingCapacity: true)
         documentJournal.removeAll(keepingCapacity: true)
+        collectionJournal.removeAll(keepingCapacity: true)
+        collectionChanges.removeAll(keepingCapacity: true)
     }
 
     /// Undoes everything since the last `commit`.
     func rollback() {
         let ents = entityJournal
         let docs = documentJournal
+        for (name, old) in collectionJournal { setCollection(name, old) }
         for (key, old) in docs { setDocument(key, old) }
         for (id, old) in ents {
             if let old { setEntity(id, old) } else { removeEntity(id) }
@@ -219,6 +233,7 @@ final class Store {
             }
             change.forcedHolders = holders
             change.documentsForced = docs
+            for h in holders where !change.valueChanged.contains(h) { refreshInCollections(h) }
         }
         if let key = u.key {
             let value = tree.substituteAny(u.model) { entities[$0]?.value }.0
@@ -276,6 +291,8 @@ final class Store {
         documents = [:]
         referrers = [:]
         documentReferrers = [:]
+        collections = [:]
+        collectionReferrers = [:]
     }
 
     // MARK: Propagation
@@ -326,6 +343,8 @@ final class Store {
             done.insert(id)
         }
         for id in toRefresh { refresh(id) }
+        if !deleted.isEmpty { removeFromCollections(deleted) }
+        for id in change.valueChanged { refreshInCollections(id) }
         for key in docs {
             guard let doc = documents[key] else { continue }
             let old = doc.value

@@ -8,6 +8,8 @@ final class PauseState {
     var context: JSON?
     /// Key views: the document last sent before the pause (nil: no document).
     var document: JSON?
+    /// Collection views: the list last sent before the pause.
+    var items: [JSON] = []
     /// `ids`/`feed` views: each entity changed while paused, with the value
     /// this subscription was last sent (null: absent), in order of first change.
     var entities: [String: JSON] = [:]
@@ -31,6 +33,7 @@ final class Subscription {
         case key(KeyView)
         case ids([String])
         case feed(types: Set<String>?)
+        case collection(CollectionView)
     }
 
     unowned let client: Client
@@ -71,6 +74,7 @@ final class Subscription {
         case .key: return "key"
         case .ids: return "ids"
         case .feed: return "feed"
+        case .collection: return "collection"
         }
     }
 }
@@ -103,6 +107,32 @@ final class KeyView {
         self.key = key
         self.value = value
     }
+
+    func add(_ s: Subscription) {
+        s.slot = subs.count
+        subs.append(s)
+    }
+
+    func remove(_ s: Subscription) {
+        let i = s.slot
+        guard i >= 0, i < subs.count, subs[i] === s else { return }
+        let last = subs.removeLast()
+        if i < subs.count {
+            subs[i] = last
+            last.slot = i
+        }
+        s.slot = -1
+    }
+}
+
+/// All subscriptions of one collection share one view: running subscribers
+/// always hold the server's list as of the last mutation, so one encoded
+/// change list serves them all.
+final class CollectionView {
+    let name: String
+    var subs: [Subscription] = []
+
+    init(name: String) { self.name = name }
 
     func add(_ s: Subscription) {
         s.slot = subs.count
