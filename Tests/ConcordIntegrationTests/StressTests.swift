@@ -270,3 +270,125 @@ final class Player: @unchecked Sendable {
     }
 
 }
+
+/// Issue 3's property test: two writers issue random collection ops (and
+/// entity updates/deletes touching their items) at the same time; a third
+/// connection applies every event's changes to its copies and, after a
+/// `ping` barrier, must hold exactly what `get` returns.
+@Suite(.serialized)
+struct CollectionStressTests {
+    @Test(arguments: StressTests.soak ? Array(1...10) : [1, 2, 3] as [UInt64])
+    func concurrentWritersAndAnObserverConverge(seed: UInt64) throws {
+        let server = try ServerProcess(arguments: ["--threads", "2", "--parallel-threshold", "1"])
+        let setup = try server.connect()
+        try setup.request(#"{"op":"schema","required":{"Row":["owner"]}}"#)
+        let observer = try server.connect()
+        observer.setTimeout(60)
+        let names = ["x", "y"]
+        var copies: [String: [JSON]] = [:]
+        var live: Set<String> = []
+        func subscribe(_ n: String) throws {
+            let r = try observer.request(#"{"op":"subscribe","sub":"\#(n)","collection":"\#(n)"}"#)
+            copies[n] = r["items"]!.arrayValue!
+            live.insert(n)
+        }
+        for n in names { try subscribe(n) }
+        let opsPerWriter = StressTests.soak ? 5000 : 1500
+        let failures = FailureLog()
+        let group = DispatchGroup()
+        for w in 0..<2 {
+            group.enter()
+            let client = try server.connect()
+            client.setTimeout(30)
+            Thread {
+                defer { group.leave() }
+                var rng = SeededRandom(seed: seed &* 7919 &+ UInt64(w))
+                func item() -> String {
+                    let i = Int.random(in: 0..<10, using: &rng)
+                    if i < 4 {
+                        return #"{"id":"Row:\#(i)","n":\#(Int.random(in: 0..<5, using: &rng)),"owner":{"id":"U:\#(Int.random(in: 0..<3, using: &rng))","v":\#(Int.random(in: 0..<3, using: &rng))}}"#
+                    }
+                    return #"{"id":"E:\#(i)","n":\#(Int.random(in: 0..<5, using: &rng))}"#
+                }
+                func op(inBatch: Bool = false) -> String {
+                    let c = names.randomElement(using: &rng)!
+                    switch Int.random(in: 0..<(inBatch ? 18 : 20), using: &rng) {
+                    case 0: return #"{"op":"collection.set","collection":"\#(c)","items":[\#(item()),\#(item()),\#(item()),\#(item())]}"#
+                    case 1...4: return #"{"op":"collection.insert","collection":"\#(c)","index":\#(Int.random(in: 0..<6, using: &rng)),"items":[\#(item())]}"#
+                    case 5...7: return #"{"op":"collection.insert","collection":"\#(c)","items":[\#(item()),\#(item())]}"#
+                    case 8...10: return #"{"op":"collection.remove","collection":"\#(c)","index":\#(Int.random(in: 0..<6, using: &rng)),"count":\#(Int.random(in: 1...2, using: &rng))}"#
+                    case 11: return #"{"op":"collection.remove","collection":"\#(c)","ids":["E:\#(Int.random(in: 4..<10, using: &rng))","Row:\#(Int.random(in: 0..<4, using: &rng))"]}"#
+                    case 12: return #"{"op":"collection.delete","collection":"\#(c)"}"#
+                    case 13, 14: return #"{"op":"update","model":\#(item())}"#
+                    case 15: return #"{"op":"update","model":{"id":"U:\#(Int.random(in: 0..<3, using: &rng))","v":\#(Int.random(in: 0..<9, using: &rng))}}"#
+                    case 16: return #"{"op":"delete","id":"U:\#(Int.random(in: 0..<3, using: &rng))"}"#
+                    case 17: return #"{"op":"delete","id":"E:\#(Int.random(in: 4..<10, using: &rng))"}"#
+                    default: return #"{"op":"batch","ops":[\#(op(inBatch: true)),\#(op(inBatch: true))]}"#
+                    }
+                }
+                do {
+                    for _ in 0..<opsPerWriter {
+                        let r = try client.request(op())
+                        if r["ok"] != true {
+                            let code = r["error"]?["code"]?.stringValue ?? "?"
+                            if code != "bad_index" { failures.add("unexpected refusal: \(r.compactString)") }
+                        }
+                    }
+                } catch {
+                    failures.add("writer \(w): \(error)")
+                }
+            }.start()
+        }
+        // The observer keeps reading while the writers run, re-subscribing ended views.
+        func drain() throws {
+            for e in observer.take() {
+                let n = e["sub"]!.stringValue!
+                if e["event"] == "delete" {
+                    live.remove(n)
+                    continue
+                }
+                #expect(e["event"] == "collection")
+                try applyChanges(&copies[n, default: []], e)
+            }
+        }
+        while group.wait(timeout: .now()) == .timedOut {
+            _ = try observer.request(#"{"op":"ping"}"#)
+            try drain()
+            for n in names where !live.contains(n) { try subscribe(n) }
+            try drain()
+        }
+        group.wait()
+        #expect(failures.all.isEmpty, "\(failures.all.prefix(3))")
+        _ = try observer.request(#"{"op":"ping"}"#)
+        try drain()
+        for n in names where !live.contains(n) { try subscribe(n) }
+        for n in names {
+            let server = try observer.request(#"{"op":"get","collection":"\#(n)"}"#)["items"]!.arrayValue!
+            #expect(copies[n]! == server, "seed \(seed): collection \(n) diverged")
+        }
+        #expect(server.stop() == 0)
+    }
+}
+
+/// Applies a `collection` event's changes to a copy, as every subscriber does.
+func applyChanges(_ list: inout [JSON], _ event: JSON) throws {
+    for c in event["changes"]?.arrayValue ?? [] {
+        let index = c["index"]?.numberValue?.intValue ?? -1
+        switch c["op"]?.stringValue {
+        case "insert":
+            guard index >= 0 && index <= list.count else { throw TestFailure("insert at \(index) outside 0...\(list.count)") }
+            list.insert(contentsOf: c["items"]!.arrayValue!, at: index)
+        case "remove":
+            let n = c["count"]!.numberValue!.intValue!
+            guard index >= 0 && n >= 1 && index + n <= list.count else { throw TestFailure("remove \(n) at \(index) from \(list.count)") }
+            list.removeSubrange(index..<(index + n))
+        case "update":
+            guard index >= 0 && index < list.count else { throw TestFailure("update at \(index) outside \(list.count)") }
+            list[index] = c["item"]!
+        case "reset":
+            list = c["items"]!.arrayValue!
+        default:
+            throw TestFailure("unknown change \(c.compactString)")
+        }
+    }
+}

@@ -7,7 +7,8 @@ import Glibc
 
 /// A blocking line client over a Unix socket, for black-box tests.
 /// Reads time out (default 10 s) instead of hanging a test.
-final class WireClient {
+final class WireClient: @unchecked Sendable {
+    // Sendable: a client is used by one thread at a time (tests hand it over, never share it).
     let fd: Int32
     private var buffer: [UInt8] = []
     /// Events read while waiting for responses, in arrival order.
