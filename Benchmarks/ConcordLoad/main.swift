@@ -235,6 +235,57 @@ case "subs":
     print(String(format: "%d key subscriptions (%@ keys): %.1f jemalloc bytes each (allocated %d → %d)",
                  n, shared ? "one shared" : "distinct", Double(after - before) / Double(n), before, after))
 
+case "collections":
+    // Update one item of an N-item collection; head insert/remove churn with S subscribers.
+    let size = Int(option("-n", "100000"))!
+    let subs = Int(option("-s", "10"))!
+    let ops = Int(option("--ops", "2000"))!
+    let name = "bench\(size)-\(Int(now() * 1000) % 1_000_000)"
+    let w = Client(socketPath)
+    var chunk = ""
+    for i in 0..<size { chunk += (i > 0 ? "," : "") + #"{"id":"Item:\#(name):\#(i)","n":\#(i),"title":"item \#(i)"}"# }
+    var t = now()
+    let setResp = w.request(#"{"op":"collection.set","collection":"\#(name)","items":[\#(chunk)]}"#)
+    print(String(format: "collection.set of %d items: %.1f ms (%@)", size, (now() - t) * 1000, setResp["ok"] == true ? "ok" : setResp.compactString))
+    let readers = (0..<subs).map { _ in Client(socketPath) }
+    for (i, r) in readers.enumerated() { _ = r.request(#"{"op":"subscribe","sub":"c\#(i)","collection":"\#(name)"}"#) }
+    // One item update: event size and round trip (update sent → event read by a subscriber).
+    var eventBytes = 0
+    var total = 0.0
+    let rounds = 50
+    for k in 0..<rounds {
+        t = now()
+        w.write(Array((#"{"op":"update","model":{"id":"Item:\#(name):\#(size / 2)","n":-\#(k),"title":"changed"}}"# + "\n").utf8))
+        readers[0].readLines { l in eventBytes = l.count + 1; return false }
+        total += now() - t
+        for r in readers.dropFirst() { r.readLines { _ in false } }
+        _ = w.request(#"{"op":"ping"}"#)
+    }
+    print(String(format: "one item update in %d: event %d bytes, %.0f µs update→event (mean of %d)", size, eventBytes, total / Double(rounds) * 1e6, rounds))
+    // Head insert then head remove, pipelined.
+    for (label, make) in [("head insert", { (k: Int) in #"{"op":"collection.insert","collection":"\#(name)","index":0,"items":[{"id":"Item:\#(name):h\#(k)","n":\#(k)}]}"# }),
+                          ("head remove", { (_: Int) in #"{"op":"collection.remove","collection":"\#(name)","index":0}"# })] {
+        let group = DispatchGroup()
+        t = now()
+        for r in readers {
+            group.enter()
+            Thread {
+                var got = 0
+                r.readLines { _ in got += 1; return got < ops }
+                group.leave()
+            }.start()
+        }
+        var buf: [UInt8] = []
+        for k in 0..<ops { buf += Array((make(k) + "\n").utf8) }
+        w.write(buf)
+        var acks = 0
+        w.readLines { _ in acks += 1; return acks < ops }
+        group.wait()
+        let s = now() - t
+        print(String(format: "%@ on %d items, %d subscribers: %.0f ops/s", label, size, subs, Double(ops) / s))
+    }
+    _ = w.request(#"{"op":"collection.delete","collection":"\#(name)"}"#)
+
 default:
-    print("usage: concord-load codec | pipeline | fanout [-s S] [--kind key|model|ids] | subs [--shared yes] [--socket PATH] [-n N]")
+    print("usage: concord-load codec | pipeline | fanout [-s S] [--kind key|model|ids] | collections [-n N] [-s S] [--ops K] | subs [--shared yes] [--socket PATH] [-n N]")
 }

@@ -15,6 +15,17 @@ final class CollectionRecord {
     var count: Int { ids.count }
 }
 
+/// The inverse of one collection edit.
+enum CollectionUndo {
+    /// The collection did not exist before: drop it.
+    case drop(String)
+    /// The collection was removed: put this record back.
+    case restore(String, CollectionRecord)
+    case removeRange(String, index: Int, count: Int)
+    case insert(String, index: Int, ids: [String], values: [JSON])
+    case setValue(String, index: Int, value: JSON)
+}
+
 /// One step of a collection's change list (PROTOCOL.md §4 collections).
 /// Applied in order to the previous list, the steps give the new list.
 enum CollectionChange {
@@ -98,9 +109,9 @@ extension Store {
     func collectionDelete(_ name: String) -> StoreChange {
         var change = StoreChange()
         change.collectionsDeleted.insert(name)
-        if collections[name] != nil {
-            _ = touchCollection(name, create: false)
+        if let old = collections[name] {
             setCollection(name, nil)
+            collectionUndo.append(.restore(name, old))
         }
         return change
     }
@@ -113,6 +124,7 @@ extension Store {
         for name in holders.keys {
             guard let record = touchCollection(name, create: false) else { continue }
             for i in record.ids.indices where record.ids[i] == id {
+                collectionUndo.append(.setValue(name, index: i, value: record.values[i]))
                 record.values[i] = value
                 recordChange(name, .update(index: i, item: value))
             }
@@ -131,16 +143,39 @@ extension Store {
 
     // MARK: Internals
 
-    /// The record, journaled on first touch in this mutation.
+    /// The record, created when asked (and its creation logged for undo).
     private func touchCollection(_ name: String, create: Bool) -> CollectionRecord? {
-        if collectionJournal[name] == nil {
-            collectionJournal[name] = .some(collections[name].map { CollectionRecord(ids: $0.ids, values: $0.values) })
-        }
         if let r = collections[name] { return r }
         guard create else { return nil }
         let r = CollectionRecord()
         collections[name] = r
+        collectionUndo.append(.drop(name))
         return r
+    }
+
+    /// Reverts the running mutation's collection edits, newest first.
+    func undoCollections() {
+        for u in collectionUndo.reversed() {
+            switch u {
+            case .drop(let name):
+                setCollection(name, nil)
+            case .restore(let name, let record):
+                setCollection(name, record)
+            case .removeRange(let name, let index, let count):
+                guard let r = collections[name] else { continue }
+                for id in r.ids[index..<(index + count)] { adjustCollectionReferrer(of: id, name, by: -1) }
+                r.ids.removeSubrange(index..<(index + count))
+                r.values.removeSubrange(index..<(index + count))
+            case .insert(let name, let index, let ids, let values):
+                guard let r = collections[name] else { continue }
+                r.ids.insert(contentsOf: ids, at: index)
+                r.values.insert(contentsOf: values, at: index)
+                for id in ids { adjustCollectionReferrer(of: id, name, by: 1) }
+            case .setValue(let name, let index, let value):
+                collections[name]?.values[index] = value
+            }
+        }
+        collectionUndo.removeAll()
     }
 
     private func insertItems(_ record: CollectionRecord, _ name: String, _ ids: [String], at index: Int) {
@@ -148,11 +183,13 @@ extension Store {
         record.ids.insert(contentsOf: ids, at: index)
         record.values.insert(contentsOf: values, at: index)
         for id in ids { adjustCollectionReferrer(of: id, name, by: 1) }
+        collectionUndo.append(.removeRange(name, index: index, count: ids.count))
         recordChange(name, .insert(index: index, items: values))
     }
 
     private func removeItems(_ record: CollectionRecord, _ name: String, at index: Int, count: Int) {
         for id in record.ids[index..<(index + count)] { adjustCollectionReferrer(of: id, name, by: -1) }
+        collectionUndo.append(.insert(name, index: index, ids: Array(record.ids[index..<(index + count)]), values: Array(record.values[index..<(index + count)])))
         record.ids.removeSubrange(index..<(index + count))
         record.values.removeSubrange(index..<(index + count))
         recordChange(name, .remove(index: index, count: count))

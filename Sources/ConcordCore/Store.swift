@@ -76,8 +76,10 @@ final class Store {
     var collections: [String: CollectionRecord] = [:]
     /// Entity → the collections holding it, with occurrence counts.
     var collectionReferrers: [String: [String: Int]] = [:]
-    /// First-touch copies of the collections the running mutation changed.
-    var collectionJournal: [String: CollectionRecord?] = [:]
+    /// How to undo the running mutation's collection edits, in order. An undo
+    /// log rather than first-touch copies: copying a 100k-item list to edit
+    /// one index would make every edit O(n).
+    var collectionUndo: [CollectionUndo] = []
     /// The running mutation's changes per collection, in order.
     var collectionChanges: [String: [CollectionChange]] = [:]
     /// Required members per type, and the order types were first declared in.
@@ -98,7 +100,7 @@ final class Store {
     func commit() {
         entityJournal.removeAll(keepingCapacity: true)
         documentJournal.removeAll(keepingCapacity: true)
-        collectionJournal.removeAll(keepingCapacity: true)
+        collectionUndo.removeAll(keepingCapacity: true)
         collectionChanges.removeAll(keepingCapacity: true)
     }
 
@@ -106,7 +108,7 @@ final class Store {
     func rollback() {
         let ents = entityJournal
         let docs = documentJournal
-        for (name, old) in collectionJournal { setCollection(name, old) }
+        undoCollections()
         for (key, old) in docs { setDocument(key, old) }
         for (id, old) in ents {
             if let old { setEntity(id, old) } else { removeEntity(id) }
