@@ -13,6 +13,10 @@ let package = Package(
         .library(name: "ConcordJSON", targets: ["ConcordJSON"]),
         .library(name: "ConcordProtocol", targets: ["ConcordProtocol"]),
         .library(name: "_ConcordCore", targets: ["ConcordCore"]),
+        // Cache backends, loaded at run time through the C ABI (docs/PLUGINS.md).
+        .library(name: "ConcordMemoryBackend", type: .dynamic, targets: ["ConcordMemoryBackend"]),
+        .library(name: "ConcordSQLiteBackend", type: .dynamic, targets: ["ConcordSQLiteBackend"]),
+        .library(name: "ConcordHashBackend", type: .dynamic, targets: ["ConcordHashBackend"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -23,6 +27,17 @@ let package = Package(
         .systemLibrary(name: "CLibUV", pkgConfig: "libuv", providers: [.apt(["libuv1-dev"])]),
         .systemLibrary(name: "CJemalloc", pkgConfig: "jemalloc", providers: [.apt(["libjemalloc-dev"])]),
         .target(name: "CConcordRuntime"),
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        // The plugin ABI: one C header (Sources/CConcordBackendABI/include/concord_backend.h).
+        .target(name: "CConcordBackendABI"),
+        .target(name: "ConcordBackendKit", dependencies: ["CConcordBackendABI", "ConcordJSON"], swiftSettings: swiftSettings),
+
+        // Cache backends: each a .dynamic product under Plugins/.
+        .target(name: "ConcordMemoryBackend", dependencies: ["ConcordBackendKit", "CConcordBackendABI", "ConcordJSON"],
+                path: "Plugins/ConcordMemoryBackend", swiftSettings: swiftSettings),
+        .target(name: "ConcordSQLiteBackend", dependencies: ["ConcordBackendKit", "CConcordBackendABI", "CSQLite", "ConcordJSON"],
+                path: "Plugins/ConcordSQLiteBackend", swiftSettings: swiftSettings),
+        .target(name: "ConcordHashBackend", dependencies: ["CConcordBackendABI"], path: "Plugins/ConcordHashBackend"),
 
         // Pure Swift layers: no libuv, no sockets, no Foundation.
         .target(name: "ConcordJSON", swiftSettings: swiftSettings),
@@ -33,7 +48,7 @@ let package = Package(
         .target(
             name: "ConcordServer",
             dependencies: [
-                "CLibUV", "CJemalloc", "CConcordRuntime", "ConcordJSON", "ConcordProtocol", "ConcordCore",
+                "CLibUV", "CJemalloc", "CConcordRuntime", "CConcordBackendABI", "ConcordJSON", "ConcordProtocol", "ConcordCore",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
@@ -54,6 +69,11 @@ let package = Package(
         .testTarget(name: "ConcordJSONTests", dependencies: ["ConcordJSON"], swiftSettings: swiftSettings),
         .testTarget(name: "ConcordProtocolTests", dependencies: ["ConcordProtocol", "ConcordJSON"], swiftSettings: swiftSettings),
         .testTarget(name: "ConcordCoreTests", dependencies: ["ConcordCore", "ConcordProtocol", "ConcordJSON"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "ConcordBackendTests",
+            dependencies: ["ConcordServer", "ConcordJSON", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: swiftSettings
+        ),
         .testTarget(
             name: "ConcordIntegrationTests",
             dependencies: ["ConcordJSON"],
