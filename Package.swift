@@ -56,7 +56,7 @@ let package = Package(
         .executableTarget(
             name: "ConcordServerMain",
             dependencies: [
-                "ConcordServer",
+                "ConcordServer", "ConcordCore", "ConcordJSON",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],

@@ -145,7 +145,7 @@ static int hb_clear(concord_backend *b, char **error) {
 
 static char *hb_stats(concord_backend *b) {
     char buf[256];
-    snprintf(buf, sizeof buf, "{\"backend\":\"hash\",\"items\":%zu,\"bytes\":%zu,\"hits\":%llu,\"misses\":%llu,\"evictions\":0}",
+    snprintf(buf, sizeof buf, "{\"backend\":\"hash\",\"persistent\":false,\"items\":%zu,\"bytes\":%zu,\"hits\":%llu,\"misses\":%llu,\"evictions\":0}",
              b->count, b->bytes, (unsigned long long)b->hits, (unsigned long long)b->misses);
     return dup_message(buf);
 }

@@ -124,6 +124,7 @@ final class MemoryBackend {
     var statsJSON: String {
         var o = JSONObject()
         o["backend"] = "memory"
+        o["persistent"] = false
         o["bytes"] = .int(bytes)
         o["max_bytes"] = .int(maxBytes)
         o["items"] = .int(map.count)

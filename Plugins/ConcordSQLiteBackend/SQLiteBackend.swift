@@ -250,6 +250,7 @@ final class SQLiteBackend {
     var statsJSON: String {
         var o = JSONObject()
         o["backend"] = "sqlite"
+        o["persistent"] = true
         o["path"] = .string(path)
         o["bytes"] = .int(totalBytes)
         o["max_bytes"] = .int(maxBytes)

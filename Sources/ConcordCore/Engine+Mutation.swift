@@ -85,7 +85,9 @@ extension Engine {
         }
         seq += 1
         render(effects: effects, change: change, origins: origins, context: options.context)
+        recordWrites()
         store.commit()
+        if holdUntilDurable(c, rid: rid) { return }
         respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
     }
 
@@ -105,6 +107,8 @@ extension Engine {
         feeds = [:]
         subscriptionCount = 0
         store.clear()
+        recordClear()
+        if holdUntilDurable(c, rid: rid) { return }
         respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
     }
 

@@ -57,6 +57,12 @@ public final class Engine {
     var feeds: [ObjectIdentifier: Subscription] = [:]
     var subscriptionCount = 0
 
+    /// Write-behind and read-through state; nil without a cache backend.
+    var persistence: PersistenceState?
+    /// Bytes (as the driver measures them) above which unreferenced records
+    /// are evicted from memory; 0: no limit. Needs a cache backend.
+    public var memoryLimit = 0
+
     /// The number of the last applied mutation.
     public internal(set) var seq = 0
     /// Once set, every request is answered `shutting_down`.
@@ -134,6 +140,14 @@ public final class Engine {
 
     public func handle(_ parsed: ParsedLine, from id: ConnectionID) {
         guard let c = clients[id] else { return }
+        if c.isWaiting {
+            c.backlog.append(parsed)
+            return
+        }
+        process(parsed, c)
+    }
+
+    func process(_ parsed: ParsedLine, _ c: Client) {
         let value: JSON
         switch parsed {
         case .failure(let e):
@@ -155,6 +169,14 @@ public final class Engine {
             respondError(c, rid: request.rid, ProtocolError(.shuttingDown, "the server is shutting down"))
             return
         }
+        if persistence != nil {
+            let keys = missingKeys(request.op)
+            if !keys.isEmpty {
+                park(c, parsed, keys: keys)
+                return
+            }
+        }
+        noteUse(request.op)
         do {
             try dispatch(request, c)
         } catch {
@@ -192,7 +214,10 @@ public final class Engine {
                 respond(c, rid: r.rid) { w in w.key("items"); w.value(.array(items)); w.key("seq"); w.int(seq) }
             }
         case .schema(let lists):
-            if let lists { store.setSchema(lists) }
+            if let lists {
+                store.setSchema(lists)
+                recordSchemaWrite()
+            }
             respond(c, rid: r.rid) { w in
                 w.key("required")
                 w.raw("{")

@@ -109,6 +109,7 @@ extension Store {
     func collectionDelete(_ name: String) -> StoreChange {
         var change = StoreChange()
         change.collectionsDeleted.insert(name)
+        touchedCollections.insert(name)
         if let old = collections[name] {
             setCollection(name, nil)
             collectionUndo.append(.restore(name, old))
@@ -149,6 +150,7 @@ extension Store {
         guard create else { return nil }
         let r = CollectionRecord()
         collections[name] = r
+        touchedCollections.insert(name)
         collectionUndo.append(.drop(name))
         return r
     }
@@ -212,11 +214,17 @@ extension Store {
     }
 
     private func recordChange(_ name: String, _ c: CollectionChange) {
+        touchedCollections.insert(name)
         if case .update(let i, _) = c, case .update(let j, _)? = collectionChanges[name]?.last, i == j {
             collectionChanges[name]![collectionChanges[name]!.count - 1] = c
             return
         }
         collectionChanges[name, default: []].append(c)
+    }
+
+    /// Puts a loaded collection in memory (read-through; not a mutation).
+    func installCollection(_ name: String, _ ids: [String]) {
+        setCollection(name, CollectionRecord(ids: ids, values: ids.map { entities[$0]?.value ?? .null }))
     }
 
     /// Replaces a collection wholesale (rollback, delete), keeping referrers right.

@@ -80,6 +80,8 @@ final class Store {
     /// log rather than first-touch copies: copying a 100k-item list to edit
     /// one index would make every edit O(n).
     var collectionUndo: [CollectionUndo] = []
+    /// Collections the running mutation created, edited or dropped.
+    var touchedCollections: Set<String> = []
     /// The running mutation's changes per collection, in order.
     var collectionChanges: [String: [CollectionChange]] = [:]
     /// Required members per type, and the order types were first declared in.
@@ -102,6 +104,7 @@ final class Store {
         documentJournal.removeAll(keepingCapacity: true)
         collectionUndo.removeAll(keepingCapacity: true)
         collectionChanges.removeAll(keepingCapacity: true)
+        touchedCollections.removeAll(keepingCapacity: true)
     }
 
     /// Undoes everything since the last `commit`.
@@ -369,6 +372,21 @@ final class Store {
             }
         }
     }
+
+    // MARK: Installing loaded records (read-through; not a mutation)
+
+    func installEntity(_ id: String, _ value: JSON) { setEntity(id, value) }
+    func installDocument(_ key: String, _ value: JSON) { setDocument(key, value) }
+
+    // MARK: Eviction (memory limit; the backend keeps the records)
+
+    /// True when a resident entity, document or collection references `id`.
+    func isReferenced(_ id: String) -> Bool {
+        referrers[id] != nil || documentReferrers[id] != nil || collectionReferrers[id] != nil
+    }
+
+    func evictEntity(_ id: String) { removeEntity(id) }
+    func evictDocument(_ key: String) { setDocument(key, nil) }
 
     // MARK: Bookkeeping
 

@@ -22,8 +22,28 @@ final class Client {
     var subs: [String: Subscription] = [:]
     var output = OutputQueue()
     var dirty = false
+    /// Lines read while an earlier request of this connection waits (read-through
+    /// load, or a sync acknowledgement): answered in order once it is done.
+    var backlog: [Engine.ParsedLine] = []
+    var backlogHead = 0
+    var waitingTicket: Int?
+    var waitingDurable: Int?
+    var heldResponse: (rid: JSON, bytes: [UInt8])?
 
     init(id: ConnectionID) { self.id = id }
+
+    var isWaiting: Bool { waitingTicket != nil || waitingDurable != nil }
+
+    func popBacklog() -> Engine.ParsedLine? {
+        guard backlogHead < backlog.count else { return nil }
+        let line = backlog[backlogHead]
+        backlogHead += 1
+        if backlogHead == backlog.count {
+            backlog.removeAll(keepingCapacity: true)
+            backlogHead = 0
+        }
+        return line
+    }
 }
 
 /// A named view owned by one connection (PROTOCOL.md §3).

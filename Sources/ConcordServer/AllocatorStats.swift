@@ -38,6 +38,8 @@ enum AllocatorStats {
 }
 
 final class ServerStatsSource: EngineStatsSource {
+    /// Set when a cache backend is attached.
+    var storage: StorageThread?
     func memoryStats() -> JSON { AllocatorStats.json() }
-    func cacheStats() -> JSON { ["backend": "memory", "persistent": false] }
+    func cacheStats() -> JSON { storage?.stats ?? ["backend": "none", "persistent": false] }
 }

@@ -16,6 +16,7 @@ final class Sequencer: @unchecked Sendable {
         case open(ConnectionID)
         case close(ConnectionID)
         case frames(ConnectionID, [LineFramer.Frame])
+        case storage(StorageThread.Event)
         case shutdown
     }
 
@@ -31,11 +32,13 @@ final class Sequencer: @unchecked Sendable {
     private let pool: WorkerPool
     private let logger: Logger
     private let deliver: @Sendable (Delivery) -> Void
-    private let statsSource = ServerStatsSource()
+    private let statsSource: ServerStatsSource
+    private var storage: StorageThread?
 
     init(configuration: ServerConfiguration, logger: Logger, deliver: @escaping @Sendable (Delivery) -> Void) {
         pool = WorkerPool(threads: configuration.threads, inlineBelow: configuration.parallelThreshold)
         engine = Engine(configuration: configuration.engine, executor: pool)
+        statsSource = ServerStatsSource()
         engine.statsSource = statsSource
         self.logger = logger
         self.deliver = deliver
@@ -47,6 +50,24 @@ final class Sequencer: @unchecked Sendable {
         let wasEmpty = inbox.count == 1
         condition.unlock()
         if wasEmpty { condition.signal() }
+    }
+
+    /// Attaches the cache backend (before `start`): write-behind, read-through.
+    func attach(backend: Backend, durability: Durability, memoryLimit: Int, logger: Logger) {
+        let schema = StorageThread.readSchema(backend, idKey: engine.configuration.idKey, logger: logger)
+        engine.enablePersistence(durability: durability, schema: schema, lastSeq: StorageThread.readSeq(backend))
+        engine.memoryLimit = memoryLimit
+        let s = StorageThread(backend: backend, idKey: engine.configuration.idKey, logger: logger) { [self] event in
+            self.submit(.storage(event))
+        }
+        storage = s
+        statsSource.storage = s
+        s.start()
+    }
+
+    /// Flushes every queued write and closes the backend (at shutdown, after the drain).
+    func stopStorage() {
+        storage?.stop()
     }
 
     func start() {
@@ -62,6 +83,11 @@ final class Sequencer: @unchecked Sendable {
             condition.unlock()
             let drained = process(batch)
             batch.removeAll(keepingCapacity: true)
+            if engine.memoryLimit > 0 {
+                let n = engine.evictIfOverLimit(bytesInUse: AllocatorStats.allocatedBytes)
+                if n > 0 { logger.debug("evicted records over the memory limit", metadata: ["concord.evicted": "\(n)"]) }
+            }
+            if let storage { storage.submit(engine.takeStorageItems()) }
             let outputs = engine.takeOutput()
             if !outputs.isEmpty || drained {
                 deliver(Delivery(outputs: outputs, drained: drained))
@@ -107,6 +133,12 @@ final class Sequencer: @unchecked Sendable {
                     case .tooLarge:
                         engine.handleTooLarge(from: id)
                     }
+                }
+            case .storage(let event):
+                switch event {
+                case .committed(let seq): engine.storageCommitted(through: seq)
+                case .failed(let seq, let message): engine.storageFailed(through: seq, message: message)
+                case .loaded(let result): engine.install(result)
                 }
             case .shutdown:
                 engine.isShuttingDown = true

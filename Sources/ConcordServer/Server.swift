@@ -126,6 +126,18 @@ public final class Server {
         pthread_sigmask(SIG_UNBLOCK, &set, nil)
         uv_loop_set_data(loop, Unmanaged.passUnretained(self).toOpaque())
         try prepareSocketPath()
+
+        let bridge = self.bridge
+        sequencer = Sequencer(configuration: configuration, logger: logger) { bridge.post($0) }
+        if configuration.cache != "none" {
+            // dlopen and open() happen here, before the loop runs: never on the loop.
+            do {
+                let backend = try Backend.open(spec: configuration.cache, configJSON: configuration.cacheConfig, logger: logger)
+                sequencer.attach(backend: backend, durability: configuration.durability, memoryLimit: configuration.memoryLimit, logger: logger)
+            } catch {
+                throw StartupError(description: error.description)
+            }
+        }
         try listen()
 
         uv_async_init(loop, wakeHandle) { h in Server.from(h).deliveriesArrived() }
@@ -137,9 +149,6 @@ public final class Server {
             uv_signal_start(s, { h, signum in Server.from(h).beginShutdown(signal: signum) }, sig)
             signalHandles.append(s)
         }
-
-        let bridge = self.bridge
-        sequencer = Sequencer(configuration: configuration, logger: logger) { bridge.post($0) }
         sequencer.start()
 
         logger.info("concord-server listening", metadata: [
@@ -148,9 +157,12 @@ public final class Server {
             "concord.id_key": "\(configuration.engine.idKey)",
             "concord.max_line_bytes": "\(configuration.engine.maxLineBytes)",
             "concord.max_output_bytes": "\(configuration.maxOutputBytes)",
-            "concord.cache": "memory",
+            "concord.cache": "\(configuration.cache)",
+            "concord.durability": "\(configuration.durability.rawValue)",
+            "concord.memory_limit": "\(configuration.memoryLimit)",
         ])
         uv_run(loop, UV_RUN_DEFAULT)
+        sequencer.stopStorage()
         unlink(configuration.socketPath)
         logger.info("concord-server stopped", metadata: ["concord.socket": "\(configuration.socketPath)"])
         return 0

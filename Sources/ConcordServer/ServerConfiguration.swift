@@ -22,6 +22,16 @@ public struct ServerConfiguration: Sendable {
     public var parallelThreshold = 64
     /// Output queued for one connection beyond which it is disconnected. Default 64 MiB.
     public var maxOutputBytes = 64 << 20
+    /// The cache backend: `memory` (default), `sqlite`, `hash`, a path to a
+    /// backend library, or `none` (the embedded store only, no backend).
+    public var cache = "memory"
+    /// The backend's configuration object (JSON text).
+    public var cacheConfig = "{}"
+    /// When mutations are acknowledged relative to the backend.
+    public var durability = Durability.async
+    /// Allocated bytes (jemalloc) above which records no view references are
+    /// evicted from memory (they stay in the backend). 0: unbounded.
+    public var memoryLimit = 0
     /// Core settings (id key, limits).
     public var engine = EngineConfiguration()
 

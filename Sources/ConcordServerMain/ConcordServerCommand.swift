@@ -1,5 +1,6 @@
 import ArgumentParser
 import ConcordCore
+import ConcordJSON
 import ConcordServer
 import Logging
 
@@ -45,6 +46,27 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(help: "File mode of the socket, in octal.")
     var socketMode: String = "0600"
 
+    @Option(help: "Cache backend: memory, sqlite, hash, none (embedded store only), or a path to a backend library.")
+    var cache: String = "memory"
+
+    @Option(help: "Backend configuration as a JSON object, e.g. '{\"max_bytes\":1000000}'.")
+    var cacheConfig: String = "{}"
+
+    @Option(help: "Backend file path (sets \"path\" in the configuration; sqlite default: ./concord.sqlite).")
+    var cachePath: String?
+
+    @Option(help: "Backend size bound in bytes (sets \"max_bytes\"; memory default 256 MiB, sqlite 50 MB).")
+    var cacheMaxBytes: Int?
+
+    @Option(help: "Backend age limit in seconds (sets \"ttl_ms\"); records older than this read as absent.")
+    var cacheTtl: Double?
+
+    @Option(help: "async: acknowledge mutations at once, write behind; sync: acknowledge after the backend stored them.")
+    var durability: String = "async"
+
+    @Option(help: "Bytes of memory (jemalloc allocated) above which records no view references are evicted from memory and reloaded from the backend on demand; 0: unbounded.")
+    var memoryLimit: Int = 0
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel: String = "info"
 
@@ -56,7 +78,24 @@ struct ConcordServerCommand: ParsableCommand {
         if maxSubscriptionsPerConnection < 1 { throw ValidationError("--max-subscriptions-per-connection must be at least 1") }
         if maxOutputBytes < 4096 { throw ValidationError("--max-output-bytes must be at least 4096") }
         if UInt32(socketMode, radix: 8) == nil { throw ValidationError("--socket-mode must be an octal mode such as 0600") }
+        if Durability(rawValue: durability) == nil { throw ValidationError("--durability must be async or sync") }
+        if (try? mergedCacheConfig()) == nil { throw ValidationError("--cache-config must be a JSON object") }
+        if memoryLimit < 0 { throw ValidationError("--memory-limit must not be negative") }
+        if memoryLimit > 0 && cache == "none" { throw ValidationError("--memory-limit needs a cache backend to evict to (not --cache none)") }
+        if let t = cacheTtl, t < 0 { throw ValidationError("--cache-ttl must not be negative") }
+        if let m = cacheMaxBytes, m < 0 { throw ValidationError("--cache-max-bytes must not be negative") }
         if Logger.Level(rawValue: logLevel) == nil { throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical") }
+    }
+
+    /// `--cache-config` with the convenience options written into it.
+    func mergedCacheConfig() throws -> String {
+        guard case .object(var o) = try JSONParser(maxDepth: 32).parse(cacheConfig) else {
+            throw ValidationError("--cache-config must be a JSON object")
+        }
+        if let cachePath { o["path"] = .string(cachePath) }
+        if let cacheMaxBytes { o["max_bytes"] = .int(cacheMaxBytes) }
+        if let cacheTtl { o["ttl_ms"] = .int(Int(cacheTtl * 1000)) }
+        return JSON.object(o).compactString
     }
 
     func run() throws {
@@ -78,6 +117,11 @@ struct ConcordServerCommand: ParsableCommand {
         config.engine.maxLineBytes = maxLineBytes
         config.engine.maxDepth = maxDepth
         config.engine.maxSubscriptionsPerConnection = maxSubscriptionsPerConnection
+
+        config.cache = cache
+        config.cacheConfig = try mergedCacheConfig()
+        config.durability = Durability(rawValue: durability) ?? .async
+        config.memoryLimit = memoryLimit
 
         let server = Server(configuration: config, logger: logger)
         do {

@@ -1,0 +1,416 @@
+public import ConcordJSON
+import ConcordProtocol
+
+/// When a mutation is acknowledged relative to the cache backend.
+public enum Durability: String, Sendable {
+    /// Acknowledge at once; the write reaches the backend shortly after (write-behind).
+    case async
+    /// Acknowledge only after the backend confirmed the write.
+    case sync
+}
+
+/// Work for the storage thread, in the order the core produced it.
+public enum StorageItem: Sendable {
+    /// The records one mutation (or a schema change, or a repair) wrote; nil values are deletes.
+    case write(seq: Int, writes: [StorageWrite])
+    /// `clear`: the backend is emptied (then the schema is written again).
+    case clear(seq: Int, schema: [(type: String, members: [String])])
+    /// Read these keys and everything they reference.
+    case load(LoadRequest)
+}
+
+public struct StorageWrite: Sendable {
+    /// `e:<id>`, `d:<key>`, `c:<name>` or `s:schema` (``RecordCodec``).
+    public var key: String
+    /// Materialized; the storage thread normalizes and encodes it. nil: delete.
+    public var value: StoredValue?
+}
+
+public enum StoredValue: Sendable {
+    case entity(JSON)
+    case document(JSON)
+    case collection([String])
+    case schema([(type: String, members: [String])])
+}
+
+public struct LoadRequest: Sendable {
+    public var ticket: Int
+    public var keys: [String]
+}
+
+/// What the storage thread read for a ``LoadRequest``: normalized records.
+public struct LoadResult: Sendable {
+    public enum Record: Sendable {
+        case entity(JSON)
+        case document(JSON)
+        case collection([String])
+    }
+    public var ticket: Int
+    public var records: [String: Record]
+    public var absent: [String]
+    /// Set when the backend failed: the waiting request is answered `cache_error`.
+    public var error: String?
+
+    public init(ticket: Int, records: [String: Record] = [:], absent: [String] = [], error: String? = nil) {
+        self.ticket = ticket
+        self.records = records
+        self.absent = absent
+        self.error = error
+    }
+}
+
+/// A read-through load in flight.
+final class LoadTicket {
+    /// Storage keys written since the load was asked for: the load's copies of them are stale.
+    var touched: Set<String> = []
+    var clients: [Client] = []
+}
+
+/// Persistence state of the engine (present when a cache backend is configured).
+final class PersistenceState {
+    var durability: Durability
+    var items: [StorageItem] = []
+    var nextTicket = 1
+    var tickets: [Int: LoadTicket] = [:]
+    /// Keys known to be in neither memory nor the backend.
+    var knownAbsent: Set<String> = []
+    var committedSeq = 0
+    var durableWaiters: [Client] = []
+    /// Storage key → seq of its last queued write: records newer than
+    /// `committedSeq` are not in the backend yet and must stay in memory.
+    var lastWrite: [String: Int] = [:]
+    /// Keys used since the eviction clock last passed them (second chance).
+    var recentlyUsed: Set<String> = []
+
+    init(durability: Durability) { self.durability = durability }
+}
+
+extension Engine {
+    /// Turns on write-behind and read-through. `schema` is what the backend held at start-up.
+    public func enablePersistence(durability: Durability, schema: [(type: String, members: [String])]?, lastSeq: Int = 0) {
+        persistence = PersistenceState(durability: durability)
+        if let schema { store.setSchema(schema) }
+        seq = lastSeq
+    }
+
+    /// Storage work queued since the last call, in order.
+    public func takeStorageItems() -> [StorageItem] {
+        guard let p = persistence, !p.items.isEmpty else { return [] }
+        defer { p.items.removeAll(keepingCapacity: true) }
+        return p.items
+    }
+
+    public var hasStorageWork: Bool { !(persistence?.items.isEmpty ?? true) }
+
+    // MARK: Write-behind
+
+    /// Queues what the running mutation wrote. Call before `store.commit()`.
+    func recordWrites() {
+        guard let p = persistence else { return }
+        var writes: [StorageWrite] = []
+        for id in store.entityJournal.keys {
+            let v = store.entity(id)
+            writes.append(StorageWrite(key: RecordCodec.entityKey(id), value: v.map { .entity($0) }))
+        }
+        for key in store.documentJournal.keys {
+            let v = store.document(key)
+            writes.append(StorageWrite(key: RecordCodec.documentKey(key), value: v.map { .document($0) }))
+        }
+        for name in store.touchedCollections {
+            let v = store.collections[name]
+            writes.append(StorageWrite(key: RecordCodec.collectionKey(name), value: v.map { .collection($0.ids) }))
+        }
+        for w in writes {
+            for t in p.tickets.values { t.touched.insert(w.key) }
+            p.lastWrite[w.key] = seq
+            if w.value == nil {
+                if p.knownAbsent.count > 1_000_000 { p.knownAbsent.removeAll() }
+                p.knownAbsent.insert(w.key)
+            } else {
+                p.knownAbsent.remove(w.key)
+            }
+        }
+        p.items.append(.write(seq: seq, writes: writes))
+    }
+
+    func recordSchemaWrite() {
+        guard let p = persistence else { return }
+        p.items.append(.write(seq: seq, writes: [StorageWrite(key: RecordCodec.schemaKey, value: .schema(store.requiredLists))]))
+    }
+
+    func recordClear() {
+        guard let p = persistence else { return }
+        for t in p.tickets.values { t.touched.insert("*") }
+        p.knownAbsent.removeAll()
+        p.items.append(.clear(seq: seq, schema: store.requiredLists))
+    }
+
+    /// The backend confirmed every write up to `seq`: release held acknowledgements.
+    public func storageCommitted(through seq: Int) {
+        guard let p = persistence else { return }
+        p.committedSeq = max(p.committedSeq, seq)
+        if p.lastWrite.count > 4096 { p.lastWrite = p.lastWrite.filter { $0.value > p.committedSeq } }
+        releaseDurable(upTo: p.committedSeq, failure: nil)
+    }
+
+    /// The backend failed writes up to `seq`: held acknowledgements become `cache_error`.
+    public func storageFailed(through seq: Int, message: String) {
+        releaseDurable(upTo: seq, failure: message)
+    }
+
+    private func releaseDurable(upTo seq: Int, failure: String?) {
+        guard let p = persistence, !p.durableWaiters.isEmpty else { return }
+        var still: [Client] = []
+        var ready: [Client] = []
+        for c in p.durableWaiters {
+            if let s = c.waitingDurable, s <= seq { ready.append(c) } else { still.append(c) }
+        }
+        p.durableWaiters = still
+        for c in ready {
+            guard let held = c.heldResponse else { continue }
+            if let failure {
+                respondError(c, rid: held.rid, ProtocolError(.cacheError, "applied in memory but the cache backend failed to store it: \(failure)"))
+            } else {
+                c.output.append(held.bytes)
+                markDirty(c)
+            }
+            c.heldResponse = nil
+            c.waitingDurable = nil
+            drain(c)
+        }
+    }
+
+    /// In sync mode a mutation's acknowledgement waits for the backend.
+    /// Returns true when the response was held.
+    func holdUntilDurable(_ c: Client, rid: JSON) -> Bool {
+        guard let p = persistence, p.durability == .sync else { return false }
+        var w = JSONWriter(capacity: 48)
+        w.raw("{\"rid\":")
+        w.value(rid)
+        w.raw(",\"ok\":true,\"seq\":")
+        w.int(seq)
+        w.raw("}\n")
+        c.heldResponse = (rid, w.bytes)
+        c.waitingDurable = seq
+        p.durableWaiters.append(c)
+        return true
+    }
+
+    // MARK: Read-through
+
+    /// Storage keys a request needs in memory and that may be in the backend.
+    func missingKeys(_ op: Operation) -> [String] {
+        guard let p = persistence else { return [] }
+        var keys: [String] = []
+        func entity(_ id: String) {
+            if store.entities[id] == nil { keys.append(RecordCodec.entityKey(id)) }
+        }
+        func document(_ k: String) {
+            if store.documents[k] == nil { keys.append(RecordCodec.documentKey(k)) }
+        }
+        func collection(_ n: String) {
+            if store.collections[n] == nil { keys.append(RecordCodec.collectionKey(n)) }
+        }
+        func mutation(_ m: Mutation) {
+            switch m {
+            case .update(let model, _, let mode, _):
+                if mode == .merge { for id in tree.flatten(model).order { entity(id) } }
+            case .collectionSet(let n, _), .collectionInsert(let n, _, _), .collectionRemoveAt(let n, _, _),
+                 .collectionRemoveIDs(let n, _):
+                collection(n)
+            case .batch(let ops):
+                for (o, _) in ops { mutation(o) }
+            default:
+                break
+            }
+        }
+        switch op {
+        case .get(.key(let k)): document(k)
+        case .get(.id(let id)): entity(id)
+        case .get(.collection(let n)): collection(n)
+        case .subscribe(_, .key(let k)): document(k)
+        case .subscribe(_, .collection(let n)): collection(n)
+        case .subscribe(_, .ids(let list)): for id in list { entity(id) }
+        case .subscribe(_, .model(let m, refresh: true)): for id in tree.identities(m).order { entity(id) }
+        case .mutation(let m, _): mutation(m)
+        default: break
+        }
+        return keys.filter { !p.knownAbsent.contains($0) }
+    }
+
+    /// Marks the records a request reads or writes as recently used (eviction's second chance).
+    func noteUse(_ op: Operation) {
+        guard let p = persistence, memoryLimitEnabled else { return }
+        switch op {
+        case .get(.key(let k)), .subscribe(_, .key(let k)): p.recentlyUsed.insert(RecordCodec.documentKey(k))
+        case .get(.id(let id)): p.recentlyUsed.insert(RecordCodec.entityKey(id))
+        case .get(.collection(let n)), .subscribe(_, .collection(let n)): p.recentlyUsed.insert(RecordCodec.collectionKey(n))
+        default: break
+        }
+    }
+
+    var memoryLimitEnabled: Bool { memoryLimit > 0 }
+
+    /// Evicts records no view and no resident record references, and that the
+    /// backend already holds, until `bytesInUse()` is under the limit (or
+    /// nothing more can go). A CLOCK sweep: a recently used record gets a
+    /// second chance. Returns how many records were evicted.
+    @discardableResult
+    public func evictIfOverLimit(bytesInUse: () -> Int) -> Int {
+        guard let p = persistence, memoryLimit > 0, bytesInUse() > memoryLimit else { return 0 }
+        var evicted = 0
+        func clean(_ key: String) -> Bool { (p.lastWrite[key] ?? 0) <= p.committedSeq }
+        func secondChance(_ key: String) -> Bool { p.recentlyUsed.remove(key) != nil }
+        // Documents and collections first: evicting them frees their entities.
+        for (key, _) in store.documents where keyViews[key] == nil {
+            let k = RecordCodec.documentKey(key)
+            if clean(k) && !secondChance(k) { store.evictDocument(key); evicted += 1 }
+        }
+        for (name, _) in store.collections where collectionViews[name] == nil {
+            let k = RecordCodec.collectionKey(name)
+            if clean(k) && !secondChance(k) { store.setCollection(name, nil); evicted += 1 }
+        }
+        // Entities top-down: a record nobody references, then its children become candidates.
+        var round = 0
+        while round < 64 && bytesInUse() > memoryLimit * 9 / 10 {
+            round += 1
+            var candidates: [String] = []
+            for id in store.entities.keys where !store.isReferenced(id) && modelWatchers[id] == nil && idWatchers[id] == nil {
+                let k = RecordCodec.entityKey(id)
+                if clean(k) && !secondChance(k) { candidates.append(id) }
+                if candidates.count >= 4096 { break }
+            }
+            if candidates.isEmpty { break }
+            for id in candidates { store.evictEntity(id) }
+            evicted += candidates.count
+        }
+        store.commit()
+        return evicted
+    }
+
+    /// Parks the client behind a load of `keys`; `line` is answered once they are in.
+    func park(_ c: Client, _ line: ParsedLine, keys: [String]) {
+        guard let p = persistence else { return }
+        let ticket = LoadTicket()
+        ticket.clients.append(c)
+        let n = p.nextTicket
+        p.nextTicket += 1
+        p.tickets[n] = ticket
+        c.waitingTicket = n
+        c.backlog.insert(line, at: c.backlogHead)
+        p.items.append(.load(LoadRequest(ticket: n, keys: keys)))
+    }
+
+    /// Installs what a load read (unless written since), then resumes the
+    /// requests that waited for it.
+    public func install(_ result: LoadResult) {
+        guard let p = persistence, let ticket = p.tickets.removeValue(forKey: result.ticket) else { return }
+        if let error = result.error {
+            for c in ticket.clients where clients[c.id] === c {
+                c.waitingTicket = nil
+                if let line = c.popBacklog() {
+                    var rid = JSON.null
+                    if case .value(.object(let o)) = line, let r = Request.rid(of: o) { rid = r }
+                    respondError(c, rid: rid, ProtocolError(.cacheError, "the cache backend failed to read: \(error)"))
+                }
+                drain(c)
+            }
+            return
+        }
+        if !ticket.touched.contains("*") {
+            installRecords(result, skipping: ticket.touched)
+            for key in result.absent where !ticket.touched.contains(key) && !isResident(key) {
+                p.knownAbsent.insert(key)
+            }
+        }
+        for c in ticket.clients where clients[c.id] === c {
+            c.waitingTicket = nil
+            drain(c)
+        }
+    }
+
+    func isResident(_ key: String) -> Bool {
+        guard let (kind, name) = RecordCodec.parse(key: key) else { return false }
+        switch kind {
+        case .entity: return store.entities[name] != nil
+        case .document: return store.documents[name] != nil
+        case .collection: return store.collections[name] != nil
+        case .schema: return true
+        }
+    }
+
+    /// Materializes loaded records children first. A reference to an entity
+    /// that is gone (deleted, or evicted by the backend) is pruned as a
+    /// delete would (null, removed from arrays, or — a required member —
+    /// the record itself is gone); such repairs are written back.
+    private func installRecords(_ r: LoadResult, skipping touched: Set<String>) {
+        var repairs: [StorageWrite] = []
+        var inProgress: Set<String> = []
+        let requiredFn: (String) -> Set<String>? = { self.store.requiredMembers($0) }
+        func ensureEntity(_ id: String) -> Bool {
+            if store.entities[id] != nil { return true }
+            let key = RecordCodec.entityKey(id)
+            guard !touched.contains(key), !inProgress.contains(id), case .entity(let rec)? = r.records[key] else { return false }
+            inProgress.insert(id)
+            var missing: Set<String> = []
+            for child in tree.nestedEntities(rec).keys where !ensureEntity(child) { missing.insert(child) }
+            inProgress.remove(id)
+            if missing.isEmpty {
+                store.installEntity(id, tree.substituteNested(rec) { self.store.entity($0) })
+                return true
+            }
+            switch tree.prune(rec, deleted: missing, required: requiredFn, current: { self.store.entity($0) }) {
+            case .deleted:
+                repairs.append(StorageWrite(key: key, value: nil))
+                return false
+            case .kept(let v):
+                store.installEntity(id, v)
+                repairs.append(StorageWrite(key: key, value: .entity(v)))
+                return true
+            }
+        }
+        for (key, record) in r.records where !touched.contains(key) {
+            guard let (kind, name) = RecordCodec.parse(key: key) else { continue }
+            switch (kind, record) {
+            case (.entity, _):
+                _ = ensureEntity(name)
+            case (.document, .document(let rec)):
+                guard store.documents[name] == nil else { continue }
+                var missing: Set<String> = []
+                for child in tree.topEntities(rec).keys where !ensureEntity(child) { missing.insert(child) }
+                if let root = rec.identity(idKey: configuration.idKey) {
+                    if missing.contains(root) {
+                        repairs.append(StorageWrite(key: key, value: nil))
+                        continue
+                    }
+                    store.installDocument(name, store.entity(root)!)
+                    continue
+                }
+                if missing.isEmpty {
+                    store.installDocument(name, tree.substituteAny(rec) { self.store.entity($0) }.0)
+                } else if case .kept(let v) = tree.prune(rec, deleted: missing, required: { _ in nil }, isRoot: false, current: { self.store.entity($0) }) {
+                    store.installDocument(name, v)
+                    repairs.append(StorageWrite(key: key, value: .document(v)))
+                }
+            case (.collection, .collection(let ids)):
+                guard store.collections[name] == nil else { continue }
+                let kept = ids.filter { ensureEntity($0) }
+                store.installCollection(name, kept)
+                if kept.count != ids.count { repairs.append(StorageWrite(key: key, value: .collection(kept))) }
+            default:
+                continue
+            }
+        }
+        store.commit()
+        if !repairs.isEmpty, let p = persistence { p.items.append(.write(seq: seq, writes: repairs)) }
+    }
+
+    // MARK: Backlog
+
+    /// Answers queued lines until the client waits again or has none.
+    func drain(_ c: Client) {
+        while !c.isWaiting, let line = c.popBacklog() {
+            process(line, c)
+        }
+    }
+}
