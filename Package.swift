@@ -64,7 +64,11 @@ let package = Package(
         ),
 
         // Ad-hoc load and measurement tool (no extra dependencies).
-        .executableTarget(name: "concord-load", dependencies: ["ConcordJSON"], path: "Benchmarks/ConcordLoad", swiftSettings: swiftSettings),
+        .executableTarget(
+            name: "concord-load",
+            dependencies: ["ConcordJSON", "ConcordServer", .product(name: "Logging", package: "swift-log")],
+            path: "Benchmarks/ConcordLoad", swiftSettings: swiftSettings
+        ),
 
         .testTarget(name: "ConcordJSONTests", dependencies: ["ConcordJSON"], swiftSettings: swiftSettings),
         .testTarget(name: "ConcordProtocolTests", dependencies: ["ConcordProtocol", "ConcordJSON"], swiftSettings: swiftSettings),

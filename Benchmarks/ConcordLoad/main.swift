@@ -8,7 +8,9 @@
 // The full benchmark suite (Redis side by side, latency histograms) is issue 6.
 
 import ConcordJSON
+import ConcordServer
 import Foundation
+import Logging
 
 #if canImport(Glibc)
 import Glibc
@@ -286,6 +288,79 @@ case "collections":
     }
     _ = w.request(#"{"op":"collection.delete","collection":"\#(name)"}"#)
 
+case "backend":
+    // put / write_batch / get ops/s through the C ABI, 100k keys, 200-byte values.
+    let spec = option("--cache", "sqlite")
+    let n = Int(option("-n", "100000"))!
+    let dir = NSTemporaryDirectory() + "concord-load-\(getpid())"
+    try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+    let config = option("--cache-config", spec == "sqlite" ? #"{"path":"\#(dir)/b.sqlite","max_bytes":0}"# : #"{"max_bytes":0}"#)
+    let backend = try! Backend.open(spec: spec, configJSON: config, logger: Logger(label: "load"))
+    let value = [UInt8](repeating: 0x61, count: 200)
+    let keys = (0..<n).map { Array("e:Person:\($0)".utf8) }
+    var t = now()
+    let singles = min(n, spec == "sqlite" ? 20000 : n)
+    for i in 0..<singles { try! backend.put(keys[i], value) }
+    let putS = now() - t
+    t = now()
+    var i = 0
+    while i < n {
+        let end = min(i + 1000, n)
+        try! backend.writeBatch((i..<end).map { (keys[$0], value) })
+        i = end
+    }
+    let batchS = now() - t
+    t = now()
+    var found = 0
+    for k in keys { if try! backend.get(k) != nil { found += 1 } }
+    let getS = now() - t
+    print(String(format: "%@: put %.0f ops/s (single), write_batch %.0f records/s (1000 per batch), get %.0f ops/s (%d found)",
+                 spec, Double(singles) / putS, Double(n) / batchS, Double(n) / getS, found))
+    print("stats: \(backend.stats().compactString)")
+    backend.close()
+    try? FileManager.default.removeItem(atPath: dir)
+
+case "populate":
+    // Writes N entities (and one document holding the first) pipelined, for restart timing.
+    let n = Int(option("-n", "1000000"))!
+    let c = Client(socketPath)
+    let t = now()
+    let writer = Thread {
+        var buf: [UInt8] = []
+        for i in 0..<n {
+            buf += Array((#"{"op":"update","model":{"id":"Person:\#(i)","name":"Person \#(i)","org":{"id":"Org:\#(i % 100)","name":"Org \#(i % 100)"}}}"# + "\n").utf8)
+            if buf.count > 1 << 16 { c.write(buf); buf.removeAll(keepingCapacity: true) }
+        }
+        c.write(buf)
+    }
+    writer.start()
+    var got = 0
+    c.readLines { _ in got += 1; return got < n }
+    print(String(format: "populated %d entities in %.1f s", n, now() - t))
+
+case "first-get":
+    // Waits for the socket, then times the first get (run right after starting the server).
+    let t = now()
+    var c: Client? = nil
+    while c == nil {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
+            let b = Array(socketPath.utf8)
+            raw.copyBytes(from: b)
+            raw[b.count] = 0
+        }
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        close(fd)
+        if rc == 0 { c = Client(socketPath) } else { usleep(1000) }
+    }
+    let listening = now() - t
+    let r = c!.request(#"{"op":"get","id":"\#(option("--id", "Person:123456"))"}"#)
+    print(String(format: "socket up after %.0f ms, first get answered after %.0f ms: %@", listening * 1000, (now() - t) * 1000, r["model"]?.compactString ?? "?"))
+
 default:
-    print("usage: concord-load codec | pipeline | fanout [-s S] [--kind key|model|ids] | collections [-n N] [-s S] [--ops K] | subs [--shared yes] [--socket PATH] [-n N]")
+    print("usage: concord-load codec | pipeline | fanout [-s S] [--kind key|model|ids] | collections [-n N] [-s S] [--ops K] | subs [--shared yes] | backend [--cache memory|sqlite|hash] | populate [-n N] | first-get [--id ID] [--socket PATH] [-n N]")
 }
