@@ -275,7 +275,14 @@ final class Store {
             for p in (referrers[d] ?? [:]).keys where !deleted.contains(p) { parents.insert(p) }
             docs.formUnion((documentReferrers[d] ?? [:]).keys)
         }
-        for d in deleted where entities[d] != nil { removeEntity(d) }
+        for d in deleted {
+            if entities[d] != nil {
+                removeEntity(d)
+            } else if entityJournal[d] == nil {
+                // Not in memory, maybe in the backend: the delete must reach it too.
+                entityJournal[d] = .some(nil)
+            }
+        }
         change.recordChanged = deleted.union(parents)
         propagate(from: [], skipping: [], deleted: deleted, seeds: parents, documents: docs, into: &change)
         return change
@@ -285,6 +292,8 @@ final class Store {
         var change = StoreChange()
         if documents[key] != nil {
             setDocument(key, nil)
+        } else if documentJournal[key] == nil {
+            documentJournal[key] = .some(nil)  // the backend may hold it
         }
         change.documentsDeleted.insert(key)
         return change

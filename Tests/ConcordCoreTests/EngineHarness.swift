@@ -24,6 +24,8 @@ final class EngineHarness {
         return c
     }
 
+    func pumpPublic() { pump() }
+
     fileprivate func pump() {
         for (id, segments) in engine.takeOutput() {
             guard let c = conns[id] else { continue }
