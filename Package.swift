@@ -13,6 +13,8 @@ let package = Package(
         .library(name: "ConcordJSON", targets: ["ConcordJSON"]),
         .library(name: "ConcordProtocol", targets: ["ConcordProtocol"]),
         .library(name: "_ConcordCore", targets: ["ConcordCore"]),
+        .library(name: "ConcordClient", targets: ["ConcordClient"]),
+        .executable(name: "concord", targets: ["ConcordCLI"]),
         // Cache backends, loaded at run time through the C ABI (docs/PLUGINS.md).
         .library(name: "ConcordMemoryBackend", type: .dynamic, targets: ["ConcordMemoryBackend"]),
         .library(name: "ConcordSQLiteBackend", type: .dynamic, targets: ["ConcordSQLiteBackend"]),
@@ -43,6 +45,14 @@ let package = Package(
         .target(name: "ConcordJSON", swiftSettings: swiftSettings),
         .target(name: "ConcordProtocol", dependencies: ["ConcordJSON"], swiftSettings: swiftSettings),
         .target(name: "ConcordCore", dependencies: ["ConcordJSON", "ConcordProtocol"], swiftSettings: swiftSettings),
+
+        // The client SDK: a POSIX socket, a reader thread, async API; no libuv.
+        .target(name: "ConcordClient", dependencies: ["ConcordJSON"], swiftSettings: swiftSettings),
+        .executableTarget(
+            name: "ConcordCLI",
+            dependencies: ["ConcordClient", "ConcordJSON", .product(name: "ArgumentParser", package: "swift-argument-parser")],
+            swiftSettings: swiftSettings
+        ),
 
         // The server: libuv loop, sequencer and worker threads, jemalloc.
         .target(
@@ -80,7 +90,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ConcordIntegrationTests",
-            dependencies: ["ConcordJSON"],
+            dependencies: ["ConcordJSON", "ConcordClient"],
             swiftSettings: swiftSettings
         ),
     ]

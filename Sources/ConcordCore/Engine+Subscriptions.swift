@@ -58,18 +58,18 @@ extension Engine {
             feeds[ObjectIdentifier(s)] = s
             add(s, to: c)
             respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
-        case .collection(let name):
+        case .collection(let collection):
             let view: CollectionView
-            if let v = collectionViews[name] {
+            if let v = collectionViews[collection] {
                 view = v
             } else {
-                view = CollectionView(name: name)
-                collectionViews[name] = view
+                view = CollectionView(name: collection)
+                collectionViews[collection] = view
             }
             let s = Subscription(client: c, name: name, kind: .collection(view))
             view.add(s)
             add(s, to: c)
-            let items = store.collectionItems(name)
+            let items = store.collectionItems(collection)
             respond(c, rid: rid) { w in w.key("items"); w.value(.array(items)); w.key("seq"); w.int(seq) }
         }
     }

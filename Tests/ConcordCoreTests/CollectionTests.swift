@@ -178,9 +178,9 @@ struct CollectionTests {
         let h = EngineHarness()
         let a = h.connect()
         let b = h.connect()
-        a.ok(#"{"op":"subscribe","sub":"c","collection":"c"}"#)
-        b.ok(#"{"op":"subscribe","sub":"c","collection":"c"}"#)
-        a.ok(#"{"op":"collection.insert","collection":"c","items":[{"id":"A"}],"origin":"c"}"#)
+        a.ok(#"{"op":"subscribe","sub":"mine","collection":"c"}"#)
+        b.ok(#"{"op":"subscribe","sub":"theirs","collection":"c"}"#)
+        a.ok(#"{"op":"collection.insert","collection":"c","items":[{"id":"A"}],"origin":"mine"}"#)
         #expect(a.take().isEmpty)
         #expect(b.take().count == 1)
     }

@@ -11,7 +11,8 @@ final class ServerProcess {
     let socketPath: String
     let process: Process
     let stderrURL: URL
-    private let dir: URL
+    let dir: URL
+    private let ownsDirectory: Bool
 
     /// The built server binary: next to the test bundle (`swift build` puts both in .build/<config>/),
     /// or `$CONCORD_SERVER_BIN`.
@@ -21,15 +22,17 @@ final class ServerProcess {
         return exe.deletingLastPathComponent().appendingPathComponent("concord-server")
     }
 
-    init(arguments: [String] = [], socketName: String = "s.sock") throws {
+    /// `directory`: reuse another server's folder (same socket path), e.g. to restart it.
+    init(arguments: [String] = [], socketName: String = "s.sock", directory: URL? = nil) throws {
         let bin = Self.binary
         guard FileManager.default.isExecutableFile(atPath: bin.path) else {
             throw TestFailure("concord-server not found at \(bin.path); run `swift build` first (make test does)")
         }
-        dir = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("concord-\(UUID().uuidString.prefix(8))")
+        dir = directory ?? URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("concord-\(UUID().uuidString.prefix(8))")
+        ownsDirectory = directory == nil
         try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
         socketPath = dir.appendingPathComponent(socketName).path
-        stderrURL = dir.appendingPathComponent("stderr.log")
+        stderrURL = dir.appendingPathComponent("stderr-\(UUID().uuidString.prefix(4)).log")
         FileManager.default.createFile(atPath: stderrURL.path, contents: nil)
         process = Process()
         process.executableURL = bin
@@ -95,7 +98,7 @@ final class ServerProcess {
             kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
         }
-        try? FileManager.default.removeItem(at: dir)
+        if ownsDirectory { try? FileManager.default.removeItem(at: dir) }
     }
 }
 

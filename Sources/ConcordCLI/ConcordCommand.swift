@@ -1,0 +1,365 @@
+import ArgumentParser
+import ConcordClient
+import ConcordJSON
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `concord`: a command line for concord-server, built on ConcordClient.
+@main
+struct ConcordCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "concord",
+        abstract: "Talk to a concord-server over its Unix socket.",
+        discussion: "Output is JSON, one value per line. Errors go to stderr with a non-zero exit status.",
+        subcommands: [
+            Ping.self, Hello.self, Get.self, Update.self, Delete.self, Batch.self, Collection.self,
+            Subscribe.self, Stats.self, Schema.self,
+        ]
+    )
+}
+
+struct ConnectionOptions: ParsableArguments {
+    @Option(help: "Server socket (default: $CONCORD_SOCKET, else /tmp/concord.sock).")
+    var socket: String?
+
+    func connect() async throws -> ConcordClient {
+        var c = ConcordClient.Configuration(socketPath: socket)
+        c.clientName = "concord-cli"
+        c.reconnect = false
+        return try await ConcordClient.connect(c)
+    }
+}
+
+// MARK: Helpers
+
+func out(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+func parseJSON(_ text: String, what: String) throws -> JSON {
+    do {
+        return try JSONParser(maxDepth: 10_000).parse(text)
+    } catch {
+        throw ValidationError("\(what) is not valid JSON: \(error)")
+    }
+}
+
+/// `text`, or standard input when it is "-".
+func argumentOrStdin(_ text: String) -> String {
+    guard text == "-" else { return text }
+    return String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
+}
+
+/// Runs `body`, turning errors into one stderr line and exit status 1.
+func run(_ body: () async throws -> Void) async throws {
+    do {
+        try await body()
+    } catch let e as ConcordError {
+        FileHandle.standardError.write(Data("concord: \(e.code): \(e.message)\n".utf8))
+        throw ExitCode(1)
+    }
+}
+
+// MARK: Commands
+
+struct Ping: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Print the last applied mutation's seq.")
+    @OptionGroup var connection: ConnectionOptions
+    func run() async throws {
+        try await ConcordCLI.run {
+            let c = try await connection.connect()
+            out(String(try await c.ping()))
+        }
+    }
+}
+
+struct Hello: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Print the server's name, version, protocol and limits.")
+    @OptionGroup var connection: ConnectionOptions
+    func run() async throws {
+        try await ConcordCLI.run {
+            let c = try await connection.connect()
+            let i = try await c.hello()
+            let o: JSON = ["server": .string(i.server), "version": .string(i.version), "protocol": .int(i.protocolVersion),
+                           "id_key": .string(i.idKey), "limits": i.limits]
+            out(o.compactString)
+        }
+    }
+}
+
+struct Get: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Print a document, an entity or a collection's items.")
+    @OptionGroup var connection: ConnectionOptions
+    @Option(help: "Cache key of a document.") var key: String?
+    @Option(help: "Identity of an entity.") var id: String?
+    @Option(help: "Name of a collection.") var collection: String?
+
+    func validate() throws {
+        if [key, id, collection].compactMap({ $0 }).count != 1 { throw ValidationError("give exactly one of --key, --id, --collection") }
+    }
+
+    func run() async throws {
+        try await ConcordCLI.run {
+            let c = try await connection.connect()
+            if let key { out((try await c.get(key: key).model ?? .null).compactString) }
+            if let id { out((try await c.get(id: id).model ?? .null).compactString) }
+            if let collection { out(JSON.array(try await c.get(collection: collection).items).compactString) }
+        }
+    }
+}
+
+struct Update: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Write a model (JSON, or - for stdin); print the mutation's seq.")
+    @OptionGroup var connection: ConnectionOptions
+    @Argument(help: "The model as JSON, or - to read it from stdin.") var model: String
+    @Option(help: "Also store the tree as the document under this key.") var key: String?
+    @Flag(help: "Merge into the stored versions instead of replacing them.") var merge = false
+    @Flag(help: "Tell every holder even when nothing changed.") var force = false
+    @Option(help: "Context (JSON) delivered with every event.") var context: String?
+
+    func run() async throws {
+        let m = try parseJSON(argumentOrStdin(model), what: "the model")
+        let ctx = try context.map { try parseJSON($0, what: "--context") }
+        try await ConcordCLI.run {
+            let c = try await connection.connect()
+            out(String(try await c.update(m, key: key, merge: merge, force: force, context: ctx)))
+        }
+    }
+}
+
+struct Delete: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Delete an entity (--id) or a document (--key).")
+    @OptionGroup var connection: ConnectionOptions
+    @Option(help: "Identity of the entity.") var id: String?
+    @Option(help: "Cache key of the document.") var key: String?
+
+    func validate() throws {
+        if (id == nil) == (key == nil) { throw ValidationError("give exactly one of --id, --key") }
+    }
+
+    func run() async throws {
+        try await ConcordCLI.run {
+            let c = try await connection.connect()
+            if let id { out(String(try await c.delete(id: id))) }
+            if let key { out(String(try await c.delete(key: key))) }
+        }
+    }
+}
+
+struct Batch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Apply mutations atomically: one JSON request object per input line (update, delete, collection.*).")
+    @OptionGroup var connection: ConnectionOptions
+    @Argument(help: "- to read the mutations from stdin.") var input: String = "-"
+    @Option(help: "Context (JSON) delivered with every event.") var context: String?
+
+    func run() async throws {
+        var ops: [JSON] = []
+        for (n, line) in argumentOrStdin(input).split(separator: "\n").enumerated() {
+            let t = line.trimmingCharacters(in: .whitespaces)
+            if t.isEmpty { continue }
+            ops.append(try parseJSON(t, what: "line \(n + 1)"))
+        }
+        let ctx = try context.map { try parseJSON($0, what: "--context") }
+        try await ConcordCLI.run {
+            let c = try await connection.connect()
+            var o = JSONObject()
+            o["op"] = "batch"
+            o["ops"] = .array(ops)
+            if let ctx { o["context"] = ctx }
+            let r = try await c.request(o)
+            out((r["seq"] ?? .null).compactString)
+        }
+    }
+}
+
+struct Collection: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Change an ordered collection.", subcommands: [Set.self, Insert.self, Remove.self, Drop.self])
+
+    struct Set: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Replace the list (a JSON array of entities, or -).")
+        @OptionGroup var connection: ConnectionOptions
+        @Argument var name: String
+        @Argument var items: String
+        func run() async throws {
+            guard let list = try parseJSON(argumentOrStdin(items), what: "items").arrayValue else { throw ValidationError("items must be a JSON array") }
+            try await ConcordCLI.run {
+                out(String(try await connection.connect().collectionSet(name, items: list)))
+            }
+        }
+    }
+
+    struct Insert: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Insert entities (a JSON array or one object, or -); append without --index.")
+        @OptionGroup var connection: ConnectionOptions
+        @Argument var name: String
+        @Argument var items: String
+        @Option var index: Int?
+        func run() async throws {
+            let v = try parseJSON(argumentOrStdin(items), what: "items")
+            let list = v.arrayValue ?? [v]
+            try await ConcordCLI.run {
+                out(String(try await connection.connect().collectionInsert(name, items: list, at: index)))
+            }
+        }
+    }
+
+    struct Remove: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Remove --count items at --index, or every occurrence of --ids.")
+        @OptionGroup var connection: ConnectionOptions
+        @Argument var name: String
+        @Option var index: Int?
+        @Option var count: Int = 1
+        @Option(help: "Comma-separated identities.") var ids: String?
+        func validate() throws {
+            if (index == nil) == (ids == nil) { throw ValidationError("give exactly one of --index, --ids") }
+        }
+        func run() async throws {
+            try await ConcordCLI.run {
+                let c = try await connection.connect()
+                if let index { out(String(try await c.collectionRemove(name, at: index, count: count))) }
+                if let ids {
+                    out(String(try await c.collectionRemove(name, ids: ids.split(separator: ",").map(String.init))))
+                }
+            }
+        }
+    }
+
+    struct Drop: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(commandName: "delete", abstract: "Drop the collection.")
+        @OptionGroup var connection: ConnectionOptions
+        @Argument var name: String
+        func run() async throws {
+            try await ConcordCLI.run {
+                out(String(try await connection.connect().collectionDelete(name)))
+            }
+        }
+    }
+}
+
+struct Subscribe: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print each event as one JSON line until interrupted (or --count events).")
+    @OptionGroup var connection: ConnectionOptions
+    @Option var key: String?
+    @Option var collection: String?
+    @Option(help: "Comma-separated identities.") var ids: String?
+    @Flag(help: "Every entity change.") var feed = false
+    @Option(help: "With --feed: comma-separated types.") var types: String?
+    @Option(help: "A private model tree (JSON).") var model: String?
+    @Option(help: "Stop after this many events.") var count: Int?
+    @Flag(help: "Print the subscribe answer (initial state) first.") var initial = false
+
+    func validate() throws {
+        let n = [key != nil, collection != nil, ids != nil, feed, model != nil].filter { $0 }.count
+        if n != 1 { throw ValidationError("give exactly one of --key, --collection, --ids, --feed, --model") }
+        if let count, count < 1 { throw ValidationError("--count must be at least 1") }
+    }
+
+    func run() async throws {
+        let target: SubscriptionTarget
+        if let key { target = .key(key) }
+        else if let collection { target = .collection(collection) }
+        else if let ids { target = .ids(ids.split(separator: ",").map(String.init)) }
+        else if feed { target = .feed(types: types.map { $0.split(separator: ",").map(String.init) }) }
+        else { target = .model(try parseJSON(model!, what: "--model")) }
+        try await ConcordCLI.run {
+            let c = try await connection.connect()
+            let sub = try await c.subscribe(target, keepEveryEvent: true)
+            if initial { out((["seq": .int(sub.seq), "initial": sub.initial] as JSON).compactString) }
+            var printed = 0
+            for await event in sub.events {
+                for line in Self.lines(event, sub: sub.name) {
+                    out(line)
+                    printed += 1
+                    if let count, printed >= count { return }
+                }
+            }
+        }
+    }
+
+    static func lines(_ e: ConcordEvent, sub: String) -> [String] {
+        func obj(_ members: [(String, JSON?)]) -> String {
+            var o = JSONObject()
+            for (k, v) in members { if let v { o[k] = v } }
+            return JSON.object(o).compactString
+        }
+        switch e {
+        case .update(let seq, let model, let changed, let deleted, let context):
+            return [obj([("event", "update"), ("sub", .string(sub)), ("seq", .int(seq)), ("model", model ?? .null),
+                         ("changed", .array(changed.map { .string($0) })), ("deleted", .array(deleted.map { .string($0) })),
+                         ("context", context)])]
+        case .entities(let seq, let list, let context):
+            return list.map { obj([("event", "entity"), ("sub", .string(sub)), ("seq", .int(seq)), ("id", .string($0.id)),
+                                   ("model", $0.model ?? .null), ("context", context)]) }
+        case .collection(let seq, let edits, let context):
+            let changes: [JSON] = edits.map {
+                switch $0 {
+                case .insert(let i, let items): return ["op": "insert", "index": .int(i), "items": .array(items)]
+                case .remove(let i, let n): return ["op": "remove", "index": .int(i), "count": .int(n)]
+                case .update(let i, let item): return ["op": "update", "index": .int(i), "item": item]
+                case .reset(let items): return ["op": "reset", "items": .array(items)]
+                }
+            }
+            return [obj([("event", "collection"), ("sub", .string(sub)), ("seq", .int(seq)), ("changes", .array(changes)),
+                         ("context", context)])]
+        case .ended(let seq, let context):
+            return [obj([("event", "delete"), ("sub", .string(sub)), ("seq", .int(seq)), ("context", context)])]
+        case .resynced(let seq, let state):
+            return [obj([("event", "resynced"), ("sub", .string(sub)), ("seq", .int(seq)), ("state", state)])]
+        }
+    }
+}
+
+struct Stats: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Print server figures as a table (--json for the raw object).")
+    @OptionGroup var connection: ConnectionOptions
+    @Flag(help: "Print the raw JSON object.") var json = false
+
+    func run() async throws {
+        try await ConcordCLI.run {
+            let s = try await connection.connect().stats()
+            if json {
+                out(JSON.object(s).compactString)
+                return
+            }
+            var rows: [(String, String)] = []
+            func walk(_ prefix: String, _ v: JSON) {
+                if case .object(let o) = v {
+                    for m in o.members { walk(prefix.isEmpty ? m.key : "\(prefix).\(m.key)", m.value) }
+                } else {
+                    rows.append((prefix, v.stringValue ?? v.compactString))
+                }
+            }
+            walk("", .object(s))
+            let width = rows.map { $0.0.count }.max() ?? 0
+            for (k, v) in rows { out(k.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + v) }
+        }
+    }
+}
+
+struct Schema: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Print the schema; --required '{\"Type\":[\"member\"]}' changes it first.")
+    @OptionGroup var connection: ConnectionOptions
+    @Option(help: "Required members per type (JSON object).") var required: String?
+
+    func run() async throws {
+        var lists: [String: [String]]?
+        if let required {
+            guard let o = try parseJSON(required, what: "--required").objectValue else { throw ValidationError("--required must be an object") }
+            var l: [String: [String]] = [:]
+            for m in o.members { l[m.key] = m.value.arrayValue?.compactMap { $0.stringValue } ?? [] }
+            lists = l
+        }
+        try await ConcordCLI.run {
+            let schema = try await connection.connect().schema(lists)
+            var o = JSONObject()
+            for (k, v) in schema.sorted(by: { $0.key < $1.key }) { o[k] = .array(v.map { .string($0) }) }
+            out(JSON.object(o).compactString)
+        }
+    }
+}

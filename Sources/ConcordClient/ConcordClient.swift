@@ -1,0 +1,374 @@
+public import ConcordJSON
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A connection to `concord-server` over its Unix socket.
+///
+/// Every protocol operation is an `async throws` call; subscriptions deliver
+/// their events as an `AsyncStream`. The client owns one reader thread (a
+/// blocking `recv` loop) and a serial queue for writes, so no call ever
+/// blocks the caller's thread. When the server goes away the client
+/// reconnects with backoff, re-establishes every subscription and sends each
+/// one ``ConcordEvent/resynced(seq:state:)`` with its current state.
+///
+/// ```swift
+/// let client = try await ConcordClient.connect()
+/// let sub = try await client.subscribe(.key("home"))
+/// try await client.update(["id": "Post:1", "title": "Hello"], key: "home")
+/// for await event in sub.events { print(event) }
+/// ```
+public final class ConcordClient: @unchecked Sendable {
+    // Sendable: mutable state lives in `state`, guarded by `lock`.
+
+    /// Connection settings. Every member has a default.
+    public struct Configuration: Sendable {
+        /// Socket path; default `$CONCORD_SOCKET`, else `/tmp/concord.sock`.
+        public var socketPath: String
+        /// Sent in `hello`.
+        public var clientName = "ConcordClient"
+        /// Reconnect when the server goes away (default true).
+        public var reconnect = true
+        /// First and longest wait between reconnection attempts.
+        public var initialBackoff: Duration = .milliseconds(50)
+        public var maxBackoff: Duration = .seconds(2)
+
+        public init(socketPath: String? = nil) {
+            self.socketPath = socketPath ?? ProcessInfo.processInfo.environment["CONCORD_SOCKET"] ?? "/tmp/concord.sock"
+        }
+    }
+
+    public let configuration: Configuration
+    private let lock = NSLock()
+    private let writeQueue = DispatchQueue(label: "concord.client.write")
+    private var state = State()
+
+    private struct State {
+        var fd: Int32 = -1
+        var connected = false
+        var closed = false
+        var generation = 0
+        var nextRid = 1
+        var pending: [Int: CheckedContinuation<JSON, any Error>] = [:]
+        var subscriptions: [String: SubscriptionState] = [:]
+        var nextSubscription = 1
+    }
+
+    /// Server facts from `hello`.
+    public struct ServerInfo: Sendable {
+        public var server: String
+        public var version: String
+        public var protocolVersion: Int
+        public var idKey: String
+        public var limits: JSON
+    }
+
+    private init(configuration: Configuration) {
+        self.configuration = configuration
+    }
+
+    /// Connects and says `hello`.
+    public static func connect(_ configuration: Configuration = Configuration()) async throws -> ConcordClient {
+        let client = ConcordClient(configuration: configuration)
+        let fd = try Self.openSocket(configuration.socketPath)
+        client.attach(fd)
+        _ = try await client.hello()
+        return client
+    }
+
+    public static func connect(socketPath: String) async throws -> ConcordClient {
+        try await connect(Configuration(socketPath: socketPath))
+    }
+
+    /// Closes the connection; pending calls fail with ``ConcordError/Code/closed`` and streams finish.
+    public func close() {
+        let (fd, pending, subs) = lock.withLock { () -> (Int32, [CheckedContinuation<JSON, any Error>], [SubscriptionState]) in
+            state.closed = true
+            state.connected = false
+            let out = (state.fd, Array(state.pending.values), Array(state.subscriptions.values))
+            state.pending = [:]
+            state.subscriptions = [:]
+            state.fd = -1
+            return out
+        }
+        if fd >= 0 { shutdown(fd, Int32(SHUT_RDWR)) }
+        for c in pending { c.resume(throwing: ConcordError(.closed, "the client was closed")) }
+        for s in subs { s.finish() }
+    }
+
+    deinit {
+        let fd = state.fd
+        if fd >= 0 { Glibc.close(fd) }
+    }
+
+    // MARK: Socket
+
+    static func openSocket(_ path: String) throws -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw ConcordError(.disconnected, "socket() failed: errno \(errno)") }
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else {
+            Glibc.close(fd)
+            throw ConcordError(.disconnected, "socket path too long: \(path)")
+        }
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard rc == 0 else {
+            let e = errno
+            Glibc.close(fd)
+            throw ConcordError(.disconnected, "cannot connect to \(path): \(String(cString: strerror(e)))")
+        }
+        var on: Int32 = 1
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, socklen_t(MemoryLayout<Int32>.size))
+        return fd
+    }
+
+    private func attach(_ fd: Int32) {
+        let generation = lock.withLock { () -> Int in
+            state.fd = fd
+            state.connected = true
+            state.generation += 1
+            return state.generation
+        }
+        let reader = Thread { [self] in self.readLoop(fd: fd, generation: generation) }
+        reader.name = "concord-client-reader"
+        reader.start()
+    }
+
+    private func write(_ bytes: [UInt8], fd: Int32) {
+        writeQueue.async {
+            var off = 0
+            while off < bytes.count {
+                let n = bytes[off...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                if n <= 0 { return }  // the reader sees the connection drop and handles it
+                off += n
+            }
+        }
+    }
+
+    // MARK: Requests
+
+    /// Sends one request object and returns the server's response object (`ok: true`).
+    /// A `rid` is added; an `ok: false` answer throws its ``ConcordError``.
+    public func request(_ object: JSONObject) async throws -> JSONObject {
+        let response = try await withCheckedThrowingContinuation { (cont: CheckedContinuation<JSON, any Error>) in
+            let (fd, rid, error) = lock.withLock { () -> (Int32, Int, ConcordError?) in
+                if state.closed { return (-1, 0, ConcordError(.closed, "the client was closed")) }
+                if !state.connected { return (-1, 0, ConcordError(.disconnected, "not connected to \(configuration.socketPath)")) }
+                let rid = state.nextRid
+                state.nextRid += 1
+                state.pending[rid] = cont
+                return (state.fd, rid, nil)
+            }
+            if let error {
+                cont.resume(throwing: error)
+                return
+            }
+            var o = object
+            o["rid"] = .int(rid)
+            var w = JSONWriter(capacity: 128)
+            w.value(.object(o))
+            w.bytes.append(0x0A)
+            write(w.bytes, fd: fd)
+        }
+        guard case .object(let o) = response else { throw ConcordError(.badResponse, "a response was not an object") }
+        if o["ok"] == .bool(true) { return o }
+        let code = o["error"]?["code"]?.stringValue ?? "internal"
+        let message = o["error"]?["message"]?.stringValue ?? ""
+        throw ConcordError(ConcordError.Code(code), message)
+    }
+
+    func op(_ name: String, _ members: [(String, JSON?)] = []) async throws -> JSONObject {
+        var o = JSONObject()
+        o["op"] = .string(name)
+        for (k, v) in members { if let v { o[k] = v } }
+        return try await request(o)
+    }
+
+    // MARK: Reading
+
+    private func readLoop(fd: Int32, generation: Int) {
+        var buffer: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 1 << 16)
+        let parser = JSONParser(maxDepth: 100_000)
+        var group: EntityGroup?
+        while true {
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n <= 0 { break }
+            buffer.append(contentsOf: chunk[0..<n])
+            var start = 0
+            while let nl = buffer[start...].firstIndex(of: 0x0A) {
+                let line = Array(buffer[start..<nl])
+                start = nl + 1
+                guard let v = try? parser.parse(line), case .object(let o) = v else { continue }
+                if o["event"] != nil {
+                    route(event: o, group: &group)
+                } else {
+                    flush(&group)
+                    deliver(response: v)
+                }
+            }
+            buffer.removeSubrange(0..<start)
+            // Events of one mutation are written together; a read boundary ends the group.
+            flush(&group)
+        }
+        flush(&group)
+        connectionLost(fd: fd, generation: generation)
+    }
+
+    /// `entity` events of one subscription and one `seq`, gathered into one group.
+    private struct EntityGroup {
+        var sub: String
+        var seq: Int
+        var changes: [EntityChange]
+        var context: JSON?
+    }
+
+    private func flush(_ group: inout EntityGroup?) {
+        guard let g = group else { return }
+        group = nil
+        subscription(g.sub)?.yield(.entities(seq: g.seq, g.changes, context: g.context))
+    }
+
+    private func route(event o: JSONObject, group: inout EntityGroup?) {
+        guard let name = o["sub"]?.stringValue, let seq = o["seq"]?.numberValue?.intValue else { return }
+        let context = o["context"]
+        switch o["event"]?.stringValue {
+        case "entity":
+            let change = EntityChange(id: o["id"]?.stringValue ?? "", model: o["model"].flatMap { $0.isNull ? nil : $0 })
+            if let g = group, g.sub == name, g.seq == seq {
+                group!.changes.append(change)
+                group!.context = context
+            } else {
+                flush(&group)
+                group = EntityGroup(sub: name, seq: seq, changes: [change], context: context)
+            }
+        case "update":
+            flush(&group)
+            let model = o["model"].flatMap { $0.isNull ? nil : $0 }
+            let changed = o["changed"]?.arrayValue?.compactMap { $0.stringValue } ?? []
+            let deleted = o["deleted"]?.arrayValue?.compactMap { $0.stringValue } ?? []
+            subscription(name)?.yield(.update(seq: seq, model: model, changed: changed, deleted: deleted, context: context))
+        case "collection":
+            flush(&group)
+            let edits = (o["changes"]?.arrayValue ?? []).compactMap(CollectionEdit.init(json:))
+            subscription(name)?.yield(.collection(seq: seq, edits, context: context))
+        case "delete":
+            flush(&group)
+            let s = lock.withLock { state.subscriptions.removeValue(forKey: name) }
+            s?.yield(.ended(seq: seq, context: context))
+            s?.finish()
+        default:
+            break
+        }
+    }
+
+    private func subscription(_ name: String) -> SubscriptionState? {
+        lock.withLock { state.subscriptions[name] }
+    }
+
+    private func deliver(response v: JSON) {
+        guard let rid = v["rid"]?.numberValue?.intValue else { return }
+        let cont = lock.withLock { state.pending.removeValue(forKey: rid) }
+        cont?.resume(returning: v)
+    }
+
+    // MARK: Reconnection
+
+    private func connectionLost(fd: Int32, generation: Int) {
+        let (pending, shouldReconnect) = lock.withLock { () -> ([CheckedContinuation<JSON, any Error>], Bool) in
+            guard state.generation == generation else { return ([], false) }
+            state.connected = false
+            state.fd = -1
+            let p = Array(state.pending.values)
+            state.pending = [:]
+            return (p, !state.closed && configuration.reconnect)
+        }
+        Glibc.close(fd)
+        for c in pending { c.resume(throwing: ConcordError(.disconnected, "the connection to the server dropped")) }
+        if !shouldReconnect {
+            let subs = lock.withLock { () -> [SubscriptionState] in
+                let s = Array(state.subscriptions.values)
+                state.subscriptions = [:]
+                return s
+            }
+            for s in subs { s.finish() }
+            return
+        }
+        let t = Thread { [self] in self.reconnectLoop() }
+        t.name = "concord-client-reconnect"
+        t.start()
+    }
+
+    private func reconnectLoop() {
+        var delay = configuration.initialBackoff
+        while true {
+            if lock.withLock({ state.closed }) { return }
+            if let fd = try? Self.openSocket(configuration.socketPath) {
+                attach(fd)
+                Task { await self.resynchronize() }
+                return
+            }
+            let (s, a) = delay.components
+            usleep(UInt32(min(Double(s) + Double(a) / 1e18, 10) * 1_000_000))
+            delay = min(delay * 2, configuration.maxBackoff)
+        }
+    }
+
+    /// Re-establishes every subscription on a fresh connection and tells each one.
+    private func resynchronize() async {
+        _ = try? await hello()
+        let subs = lock.withLock { Array(state.subscriptions.values) }
+        for s in subs {
+            do {
+                var o = s.subscribeRequest(resync: true)
+                o["op"] = "subscribe"
+                let r = try await request(o)
+                let seq = r["seq"]?.numberValue?.intValue ?? 0
+                let stateValue = r["model"] ?? r["items"] ?? r["models"] ?? .null
+                s.noteResynced(stateValue)
+                s.yield(.resynced(seq: seq, state: stateValue))
+                if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
+            } catch {
+                let removed = lock.withLock { state.subscriptions.removeValue(forKey: s.name) }
+                removed?.yield(.ended(seq: 0, context: nil))
+                removed?.finish()
+            }
+        }
+    }
+
+    // MARK: Subscriptions (internal registry)
+
+    func registerIfAbsent(_ s: SubscriptionState) -> Bool {
+        lock.withLock {
+            if state.subscriptions[s.name] != nil { return false }
+            state.subscriptions[s.name] = s
+            return true
+        }
+    }
+
+    func subscriptionState(_ name: String) -> SubscriptionState? { subscription(name) }
+
+    func unregister(_ name: String) -> SubscriptionState? {
+        lock.withLock { state.subscriptions.removeValue(forKey: name) }
+    }
+
+    func generatedName(_ prefix: String) -> String {
+        lock.withLock {
+            defer { state.nextSubscription += 1 }
+            return "\(prefix)\(state.nextSubscription)"
+        }
+    }
+
+    /// True while a connection to the server is up.
+    public var isConnected: Bool { lock.withLock { state.connected } }
+}

@@ -1,0 +1,226 @@
+public import ConcordJSON
+import Foundation
+
+/// What a subscription watches (PROTOCOL.md §3).
+public enum SubscriptionTarget: Sendable {
+    /// A private tree; `refresh` first replaces known entities by their current versions.
+    case model(JSON, refresh: Bool = false)
+    /// The document under a cache key.
+    case key(String)
+    /// An ordered collection.
+    case collection(String)
+    /// Each listed entity, present or not.
+    case ids([String])
+    /// Every entity change (of these types, when given).
+    case feed(types: [String]? = nil)
+}
+
+/// One change of an `ids` or `feed` subscription: the entity's current value (nil: deleted).
+public struct EntityChange: Sendable, Equatable {
+    public var id: String
+    public var model: JSON?
+}
+
+/// One step of a collection event; applied in order they take the previous list to the new one.
+public enum CollectionEdit: Sendable, Equatable {
+    case insert(index: Int, items: [JSON])
+    case remove(index: Int, count: Int)
+    case update(index: Int, item: JSON)
+    case reset(items: [JSON])
+
+    init?(json: JSON) {
+        let index = json["index"]?.numberValue?.intValue ?? 0
+        switch json["op"]?.stringValue {
+        case "insert": self = .insert(index: index, items: json["items"]?.arrayValue ?? [])
+        case "remove": self = .remove(index: index, count: json["count"]?.numberValue?.intValue ?? 1)
+        case "update": self = .update(index: index, item: json["item"] ?? .null)
+        case "reset": self = .reset(items: json["items"]?.arrayValue ?? [])
+        default: return nil
+        }
+    }
+
+    /// Applies this edit to a list; false (and the list untouched) when it does not fit.
+    @discardableResult
+    public func apply(to list: inout [JSON]) -> Bool {
+        switch self {
+        case .insert(let i, let items):
+            guard i >= 0 && i <= list.count else { return false }
+            list.insert(contentsOf: items, at: i)
+        case .remove(let i, let n):
+            guard i >= 0 && n >= 0 && i + n <= list.count else { return false }
+            list.removeSubrange(i..<(i + n))
+        case .update(let i, let item):
+            guard i >= 0 && i < list.count else { return false }
+            list[i] = item
+        case .reset(let items):
+            list = items
+        }
+        return true
+    }
+}
+
+/// An event of one subscription. Events of one mutation arrive as one element.
+public enum ConcordEvent: Sendable {
+    /// A model or key view changed (`model` nil: the document is gone).
+    case update(seq: Int, model: JSON?, changed: [String], deleted: [String], context: JSON?)
+    /// `ids`/`feed`: the entities one mutation changed.
+    case entities(seq: Int, [EntityChange], context: JSON?)
+    /// A collection changed.
+    case collection(seq: Int, [CollectionEdit], context: JSON?)
+    /// The view ended (its root, document or collection was removed, or `clear`).
+    case ended(seq: Int, context: JSON?)
+    /// After a reconnection: the subscription is live again and this is its
+    /// whole current state (`model`, `items` or `models`, as a subscribe answers).
+    case resynced(seq: Int, state: JSON)
+
+    public var seq: Int {
+        switch self {
+        case .update(let s, _, _, _, _), .entities(let s, _, _), .collection(let s, _, _), .ended(let s, _), .resynced(let s, _):
+            return s
+        }
+    }
+}
+
+/// The client's record of one live subscription.
+final class SubscriptionState: @unchecked Sendable {
+    // Sendable: `target`/`paused` are guarded by `lock`; the continuation is thread-safe.
+    let name: String
+    private let lock = NSLock()
+    private var target: SubscriptionTarget
+    private var paused = false
+    let continuation: AsyncStream<ConcordEvent>.Continuation
+    /// When set, events go here, synchronously on the reader thread, instead
+    /// of the stream (providers use it to apply events in exact order).
+    let handler: (@Sendable (ConcordEvent) -> Void)?
+
+    init(name: String, target: SubscriptionTarget, continuation: AsyncStream<ConcordEvent>.Continuation,
+         handler: (@Sendable (ConcordEvent) -> Void)? = nil) {
+        self.name = name
+        self.target = target
+        self.continuation = continuation
+        self.handler = handler
+    }
+
+    func yield(_ e: ConcordEvent) {
+        // A model view's copy follows its events, so a resubscription starts from what we hold.
+        if case .update(_, let model?, _, _, _) = e {
+            lock.withLock { if case .model = target { target = .model(model, refresh: true) } }
+        }
+        if let handler { handler(e) } else { continuation.yield(e) }
+    }
+
+    func finish() { continuation.finish() }
+
+    func noteResynced(_ value: JSON) {
+        lock.withLock { if case .model = target, case .object = value { target = .model(value, refresh: true) } }
+    }
+
+    var isPaused: Bool {
+        get { lock.withLock { paused } }
+        set { lock.withLock { paused = newValue } }
+    }
+
+    /// The `subscribe` request for this subscription (without `op`).
+    func subscribeRequest(resync: Bool) -> JSONObject {
+        var o = JSONObject()
+        o["sub"] = .string(name)
+        switch lock.withLock({ target }) {
+        case .model(let m, let refresh):
+            o["model"] = m
+            if refresh || resync { o["refresh"] = true }
+        case .key(let k): o["key"] = .string(k)
+        case .collection(let c): o["collection"] = .string(c)
+        case .ids(let ids): o["ids"] = .array(ids.map { .string($0) })
+        case .feed(let types):
+            var f = JSONObject()
+            if let types { f["types"] = .array(types.map { .string($0) }) }
+            o["feed"] = .object(f)
+        }
+        return o
+    }
+}
+
+/// A live subscription: its first state, and its events as an async sequence.
+///
+/// Each subscription has its own buffer, so a slow consumer of one never
+/// holds up another. Model and key views coalesce: a consumer that falls
+/// behind gets the newest value, not a queue of stale ones. Collection,
+/// `ids` and `feed` events are kept in full (their changes compose).
+public final class Subscription: Sendable {
+    public let name: String
+    /// The `seq` the first state is as of.
+    public let seq: Int
+    /// The first state: `model` (model/key views), `items` (collections), `models` (ids), null (feed).
+    public let initial: JSON
+    public let events: AsyncStream<ConcordEvent>
+    let client: ConcordClient
+
+    init(name: String, seq: Int, initial: JSON, events: AsyncStream<ConcordEvent>, client: ConcordClient) {
+        self.name = name
+        self.seq = seq
+        self.initial = initial
+        self.events = events
+        self.client = client
+    }
+
+    public func pause() async throws {
+        _ = try await client.op("pause", [("sub", .string(name))])
+        client.subscriptionState(name)?.isPaused = true
+    }
+
+    public func resume() async throws {
+        client.subscriptionState(name)?.isPaused = false
+        _ = try await client.op("resume", [("sub", .string(name))])
+    }
+
+    /// Ends the subscription; its event stream finishes.
+    public func cancel() async throws {
+        let s = client.unregister(name)
+        s?.finish()
+        _ = try await client.op("unsubscribe", [("sub", .string(name))])
+    }
+}
+
+extension ConcordClient {
+
+    /// Subscribes; `name` defaults to a generated one. `keepEveryEvent`
+    /// turns off coalescing for model and key views (their stream then keeps
+    /// every event, as collection, ids and feed streams always do).
+    public func subscribe(_ target: SubscriptionTarget, name: String? = nil, keepEveryEvent: Bool = false) async throws -> Subscription {
+        try await subscribe(target, name: name, handler: nil, keepEveryEvent: keepEveryEvent)
+    }
+
+    /// Subscribes with events delivered to `handler` on the reader thread, in
+    /// order, before any later response resumes its caller.
+    func subscribe(_ target: SubscriptionTarget, name: String?, handler: (@Sendable (ConcordEvent) -> Void)?,
+                   keepEveryEvent: Bool = false) async throws -> Subscription {
+        let name = name ?? generatedName("s")
+        var coalesce: Bool
+        switch target {
+        case .model, .key: coalesce = true
+        default: coalesce = false
+        }
+        if keepEveryEvent { coalesce = false }
+        let (stream, continuation) = AsyncStream<ConcordEvent>.makeStream(
+            bufferingPolicy: coalesce ? .bufferingNewest(1) : .unbounded)
+        let state = SubscriptionState(name: name, target: target, continuation: continuation, handler: handler)
+        // Registered before the request: events may follow the response at once.
+        guard registerIfAbsent(state) else {
+            continuation.finish()
+            throw ConcordError(.subExists, "subscription '\(name)' already exists on this connection")
+        }
+        var o = state.subscribeRequest(resync: false)
+        o["op"] = "subscribe"
+        do {
+            let r = try await request(o)
+            let seq = r["seq"]?.numberValue?.intValue ?? 0
+            let initial = r["model"] ?? r["items"] ?? r["models"] ?? .null
+            if case .model = target { state.noteResynced(initial) }
+            return Subscription(name: name, seq: seq, initial: initial, events: stream, client: self)
+        } catch {
+            _ = unregister(name)
+            continuation.finish()
+            throw error
+        }
+    }
+}

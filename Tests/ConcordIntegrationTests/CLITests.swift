@@ -1,0 +1,104 @@
+import ConcordJSON
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `concord` CLI as spawned processes against a real server.
+@Suite(.serialized)
+struct CLITests {
+    static var binary: String { ServerProcess.binary.deletingLastPathComponent().appendingPathComponent("concord").path }
+
+    /// Runs `concord args…` (stdin optional); returns status, stdout, stderr.
+    static func concord(_ args: [String], socket: String, stdin: String? = nil) throws -> (Int32, String, String) {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: binary)
+        p.arguments = args
+        var env = ProcessInfo.processInfo.environment
+        env["CONCORD_SOCKET"] = socket
+        p.environment = env
+        let out = Pipe(), err = Pipe(), inp = Pipe()
+        p.standardOutput = out
+        p.standardError = err
+        p.standardInput = inp
+        try p.run()
+        if let stdin { inp.fileHandleForWriting.write(Data(stdin.utf8)) }
+        try inp.fileHandleForWriting.close()
+        let o = out.fileHandleForReading.readDataToEndOfFile()
+        let e = err.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return (p.terminationStatus, String(decoding: o, as: UTF8.self), String(decoding: e, as: UTF8.self))
+    }
+
+    @Test func everydayCommands() throws {
+        let server = try ServerProcess()
+        let s = server.socketPath
+        #expect(try Self.concord(["ping"], socket: s).1 == "0\n")
+        let hello = try Self.concord(["hello"], socket: s).1
+        #expect(hello.contains("\"protocol\":1"))
+        #expect(try Self.concord(["update", #"{"id":"P:1","n":1}"#, "--key", "home"], socket: s).1 == "1\n")
+        #expect(try Self.concord(["update", "-", "--merge", "--context", #"{"by":"cli"}"#], socket: s, stdin: #"{"id":"P:1","m":2}"#).1 == "2\n")
+        #expect(try Self.concord(["get", "--key", "home"], socket: s).1 == #"{"id":"P:1","n":1,"m":2}"# + "\n")
+        #expect(try Self.concord(["get", "--id", "P:1"], socket: s).1 == #"{"id":"P:1","n":1,"m":2}"# + "\n")
+        let batch = #"{"op":"update","model":{"id":"A"}}"# + "\n" + #"{"op":"collection.insert","collection":"c","items":[{"id":"A"},{"id":"B"}]}"# + "\n"
+        #expect(try Self.concord(["batch", "-"], socket: s, stdin: batch).1 == "3\n")
+        #expect(try Self.concord(["collection", "remove", "c", "--index", "0"], socket: s).0 == 0)
+        #expect(try Self.concord(["collection", "insert", "c", #"{"id":"Z"}"#, "--index", "0"], socket: s).0 == 0)
+        #expect(try Self.concord(["get", "--collection", "c"], socket: s).1 == #"[{"id":"Z"},{"id":"B"}]"# + "\n")
+        #expect(try Self.concord(["collection", "set", "c", "[]"], socket: s).0 == 0)
+        #expect(try Self.concord(["collection", "delete", "c"], socket: s).0 == 0)
+        #expect(try Self.concord(["delete", "--id", "A"], socket: s).0 == 0)
+        #expect(try Self.concord(["schema", "--required", #"{"Msg":["from"]}"#], socket: s).1 == #"{"Msg":["from"]}"# + "\n")
+        let stats = try Self.concord(["stats", "--json"], socket: s).1
+        let v = try JSONParser().parse(stats.trimmingCharacters(in: .whitespacesAndNewlines))
+        #expect(v["seq"]?.numberValue?.intValue == 8)
+        let table = try Self.concord(["stats"], socket: s).1
+        #expect(table.contains("memory.allocated"))
+    }
+
+    @Test func errorsGoToStderrWithAFailingStatus() throws {
+        let server = try ServerProcess()
+        let (status, out, err) = try Self.concord(["collection", "remove", "nope", "--index", "3"], socket: server.socketPath)
+        #expect(status != 0)
+        #expect(out.isEmpty)
+        #expect(err.contains("bad_index"))
+        let (s2, _, e2) = try Self.concord(["ping"], socket: server.socketPath + ".missing")
+        #expect(s2 != 0)
+        #expect(e2.contains("cannot connect"))
+        let (s3, _, _) = try Self.concord(["update", "{not json"], socket: server.socketPath)
+        #expect(s3 != 0)
+    }
+
+    @Test func subscribePrintsEachEventAndStopsAfterCount() throws {
+        let server = try ServerProcess()
+        let s = server.socketPath
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: Self.binary)
+        p.arguments = ["subscribe", "--ids", "A,B", "--count", "3", "--socket", s]
+        let out = Pipe()
+        p.standardOutput = out
+        try p.run()
+        // Wait until the subscription exists, then write.
+        let c = try server.connect()
+        var subscribed = false
+        for _ in 0..<500 {
+            if try c.request(#"{"op":"stats"}"#)["subscriptions"] == 1 { subscribed = true; break }
+            usleep(10_000)
+        }
+        #expect(subscribed)
+        try c.request(#"{"op":"batch","ops":[{"op":"update","model":{"id":"A","v":1}},{"op":"update","model":{"id":"B","v":1}}]}"#)
+        try c.request(#"{"op":"delete","id":"A"}"#)
+        try c.request(#"{"op":"update","model":{"id":"B","v":9}}"#)
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        #expect(p.terminationStatus == 0)
+        let lines = String(decoding: data, as: UTF8.self).split(separator: "\n").map(String.init)
+        #expect(lines.count == 3)
+        let events = try lines.map { try JSONParser().parse($0) }
+        #expect(events.allSatisfy { $0["event"] == "entity" })
+        #expect(events[2]["id"] == "A")
+        #expect(events[2]["model"] == .null)
+    }
+}

@@ -1,0 +1,214 @@
+import ConcordClient
+import ConcordJSON
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct Person: ConcordModel, Equatable {
+    var id: ConcordID<Person>
+    var name: String
+}
+
+struct Message: ConcordModel, Equatable {
+    var id: ConcordID<Message>
+    var text: String
+    var sender: Person
+}
+
+/// Waits (bounded) for a condition that other threads make true.
+func eventually(_ seconds: Double = 10, _ condition: () -> Bool) async -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(5))
+    }
+    return condition()
+}
+
+/// The SDK against a real server process.
+@Suite(.serialized)
+struct ClientTests {
+    @Test func operationsAndTypedErrors() async throws {
+        let server = try ServerProcess()
+        let c = try await ConcordClient.connect(socketPath: server.socketPath)
+        let info = try await c.hello()
+        #expect(info.protocolVersion == 1)
+        let seq = try await c.update(["id": "Person:1", "name": "Ann"], key: "me")
+        #expect(seq == 1)
+        #expect(try await c.get(key: "me").model?["name"] == "Ann")
+        #expect(try await c.get(id: "Person:1").seq == 1)
+        do {
+            try await c.collectionRemove("none", at: 3)
+            Issue.record("expected bad_index")
+        } catch let e as ConcordError {
+            #expect(e.code == .badIndex)
+        }
+        let s = try await c.batch([.update(["id": "A"]), .collectionInsert("c", items: [["id": "A"]])], context: "ctx")
+        #expect(s == 2)
+        #expect(try await c.get(collection: "c").items == [["id": "A"]])
+        #expect(try await c.schema(["Message": ["sender"]]) == ["Message": ["sender"]])
+        #expect(try await c.stats()["connections"] == 1)
+        c.close()
+    }
+
+    @Test func subscriptionEventsArriveGroupedByMutation() async throws {
+        let server = try ServerProcess()
+        let c = try await ConcordClient.connect(socketPath: server.socketPath)
+        let sub = try await c.subscribe(.ids(["A", "B"]))
+        #expect(sub.initial == ["A": .null, "B": .null])
+        try await c.batch([.update(["id": "A", "v": 1]), .update(["id": "B", "v": 1])])
+        var it = sub.events.makeAsyncIterator()
+        guard case .entities(let seq, let list, _)? = await it.next() else {
+            Issue.record("expected an entities group")
+            return
+        }
+        #expect(seq == 1)
+        #expect(Set(list.map(\.id)) == ["A", "B"])
+        c.close()
+    }
+
+    @Test func twoProvidersStayConsistentAndTheWriterGetsNoEcho() async throws {
+        let server = try ServerProcess()
+        let a = try await ConcordClient.connect(socketPath: server.socketPath)
+        let b = try await ConcordClient.connect(socketPath: server.socketPath)
+        let ann = Person(id: "7", name: "Ann")
+        let pa = DataProvider<Message>(client: a)
+        let pb = DataProvider<Person>(client: b)
+        try await pa.setData(Message(id: "1", text: "hi", sender: ann))
+        try await pb.setData(ann)
+        #expect(try await a.get(id: "Person:7").model?["name"] == "Ann")  // the wire identity is prefixed
+        // B renames Ann: A's message follows; B is not told of its own write.
+        try await pb.setData(Person(id: "7", name: "Ann B."))
+        #expect(await eventually { pa.data?.sender.name == "Ann B." })
+        var updatesA = pa.updates.makeAsyncIterator()
+        #expect(await updatesA.next()?.model?.sender.name == "Ann B.")
+        // A third party's write reaches both, with its context.
+        let c = try await ConcordClient.connect(socketPath: server.socketPath)
+        try await c.update(["id": "Person:7", "name": "Ann C."], context: "rename")
+        #expect(await eventually { pa.data?.sender.name == "Ann C." && pb.data?.name == "Ann C." })
+        var updatesB = pb.updates.makeAsyncIterator()
+        let first = await updatesB.next()
+        #expect(first?.model?.name == "Ann C.", "B's first update must be the third party's, not an echo of its own write")
+        #expect(first?.context == "rename")
+        // Paused providers catch up once.
+        try await pb.setPaused(true)
+        try await c.update(["id": "Person:7", "name": "Ann D."])
+        try await c.update(["id": "Person:7", "name": "Ann E."])
+        _ = try await b.ping()
+        #expect(pb.data?.name == "Ann C.")
+        try await pb.setPaused(false)
+        #expect(await eventually { pb.data?.name == "Ann E." })
+        #expect(try await pa.fetchFromCache(key: "nothing-here") == nil)
+    }
+
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func collectionProvidersConvergeAfterRandomOperations(seed: UInt64) async throws {
+        let server = try ServerProcess()
+        let ca = try await ConcordClient.connect(socketPath: server.socketPath)
+        let cb = try await ConcordClient.connect(socketPath: server.socketPath)
+        let pa = try await CollectionDataProvider<Person>.open(client: ca, collection: "people")
+        let pb = try await CollectionDataProvider<Person>.open(client: cb, collection: "people")
+        let checkA = Task { try await Self.checkStream(pa.changes) }
+        let checkB = Task { try await Self.checkStream(pb.changes) }
+        async let runA: Void = Self.randomOps(pa, seed: seed)
+        async let runB: Void = Self.randomOps(pb, seed: seed &+ 99)
+        _ = try await (runA, runB)
+        try await pa.synchronize()
+        try await pb.synchronize()
+        let server_ = try await ca.get(collection: "people").items
+        let expected = try server_.map { try ModelCoding.model(Person.self, from: $0) }
+        #expect(await eventually { pa.data == expected && pb.data == expected })
+        await pa.close()
+        await pb.close()
+        ca.close()
+        cb.close()
+        // Each stream, applied in order, ended at that provider's data.
+        let lastA = try await checkA.value
+        let lastB = try await checkB.value
+        #expect(lastA == pa.data)
+        #expect(lastB == pb.data)
+    }
+
+    static func randomOps(_ p: CollectionDataProvider<Person>, seed: UInt64) async throws {
+        var rng = SeededRandom(seed: seed)
+        for i in 0..<150 {
+            let n = p.count
+            let person = Person(id: ConcordID("\(Int.random(in: 0..<12, using: &rng))"), name: "n\(i)")
+            switch Int.random(in: 0..<10, using: &rng) {
+            case 0...3: try? await p.insert([person], at: Int.random(in: 0...n, using: &rng))
+            case 4: try? await p.append([person])
+            case 5, 6: if n > 0 { try? await p.remove(at: Int.random(in: 0..<n, using: &rng)) }
+            case 7, 8: if n > 0 { try? await p.update(person, at: Int.random(in: 0..<n, using: &rng)) }
+            default: if i % 50 == 0 { try? await p.setData([person]) }
+            }
+        }
+    }
+
+    /// Applies a change stream to a copy: untouched items must stay where the
+    /// changes say, and the count must match; returns the last list seen.
+    static func checkStream(_ stream: AsyncStream<CollectionProviderUpdate<Person>>) async throws -> [Person] {
+        var copy: [Person?] = []
+        var last: [Person] = []
+        for await u in stream {
+            for c in u.changes {
+                switch c {
+                case .reset: copy = u.data.map { $0 }
+                case .insert(let i):
+                    guard i >= 0 && i <= copy.count else { throw TestFailure("insert \(i) outside \(copy.count)") }
+                    copy.insert(nil, at: i)
+                case .delete(let i):
+                    guard i >= 0 && i < copy.count else { throw TestFailure("delete \(i) outside \(copy.count)") }
+                    copy.remove(at: i)
+                case .update(let i):
+                    guard i >= 0 && i < copy.count else { throw TestFailure("update \(i) outside \(copy.count)") }
+                    copy[i] = nil
+                }
+            }
+            guard copy.count == u.data.count else { throw TestFailure("count \(copy.count) vs data \(u.data.count)") }
+            for (i, p) in copy.enumerated() {
+                if let p, p != u.data[i] { throw TestFailure("item \(i) moved without a change") }
+            }
+            copy = u.data.map { $0 }
+            last = u.data
+        }
+        return last
+    }
+
+    @Test func reconnectAfterARestartResynchronizesEverySubscription() async throws {
+        let dir = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("concord-r-\(UUID().uuidString.prefix(8))")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let db = dir.appendingPathComponent("db.sqlite").path
+        let first = try ServerProcess(arguments: ["--cache", "sqlite", "--cache-path", db], directory: dir)
+        let c = try await ConcordClient.connect(socketPath: first.socketPath)
+        try await c.update(["id": "P:1", "n": 1], key: "home")
+        let sub = try await c.subscribe(.key("home"), keepEveryEvent: true)
+        let people = try await CollectionDataProvider<Person>.open(client: c, collection: "people")
+        try await people.append([Person(id: "1", name: "Ann")])
+        #expect(first.stop() == 0)
+        let second = try ServerProcess(arguments: ["--cache", "sqlite", "--cache-path", db], directory: dir)
+        _ = second
+        let w = try await ConcordClient.connect(socketPath: first.socketPath)
+        #expect(await eventually(15) { c.isConnected })
+        try await Task.sleep(for: .milliseconds(200))
+        try await w.update(["id": "P:1", "n": 2])
+        try await w.collectionInsert("people", items: [["id": "Person:2", "name": "Bob"]])
+        var it = sub.events.makeAsyncIterator()
+        var sawResync = false
+        var latest: JSON?
+        while latest?["n"] != 2 {
+            guard let e = await it.next() else { break }
+            switch e {
+            case .resynced(_, let state): sawResync = true; latest = state
+            case .update(_, let m, _, _, _): latest = m
+            default: break
+            }
+        }
+        #expect(sawResync)
+        #expect(latest?["n"] == 2)
+        #expect(await eventually { people.data.map(\.name) == ["Ann", "Bob"] })
+        c.close()
+    }
+}
