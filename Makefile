@@ -4,7 +4,7 @@ APT_PACKAGES := libuv1-dev libjemalloc-dev libsqlite3-dev pkg-config
 SOCKET ?= $(if $(CONCORD_SOCKET),$(CONCORD_SOCKET),/tmp/concord.sock)
 SWIFT_TEST_FLAGS ?=
 
-.PHONY: run test build release deps clean soak
+.PHONY: run test build release deps clean soak bench bench-full bench-deps
 
 # Installs the Debian packages the build needs when one is missing.
 deps:
@@ -34,5 +34,20 @@ soak: deps
 	swift build
 	CONCORD_SOAK=1 swift test --filter Stress
 
+# Benchmarks: Concord next to Redis pub/sub (Benchmarks/ConcordBench, its own package).
+bench-deps: deps
+	@dpkg -s redis-server >/dev/null 2>&1 || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y redis-server || { $$SUDO apt-get update && $$SUDO apt-get install -y redis-server; }; }
+	swift build -c release
+	cd Benchmarks/ConcordBench && swift build -c release
+
+# Quick run (under 3 minutes): writes Benchmarks/results/latest.json and chart.svg.
+bench: bench-deps
+	cd Benchmarks/ConcordBench && .build/release/concord-bench --server ../../.build/release/concord-server --out ../results
+
+# Longer runs, 1M-subscription memory scenario included.
+bench-full: bench-deps
+	cd Benchmarks/ConcordBench && .build/release/concord-bench --full --server ../../.build/release/concord-server --out ../results
+
 clean:
-	rm -rf .build
+	rm -rf .build Benchmarks/ConcordBench/.build

@@ -1,0 +1,19 @@
+// swift-tools-version:6.1
+// The load-test benchmarks: a separate package so the benchmark-only
+// dependency (hdrhistogram-swift) never reaches users of the root package.
+// It talks to concord-server and redis-server over their Unix sockets only.
+import PackageDescription
+
+let package = Package(
+    name: "ConcordBench",
+    dependencies: [
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+    ],
+    targets: [
+        .executableTarget(
+            name: "concord-bench",
+            dependencies: [.product(name: "Histogram", package: "hdrhistogram-swift")],
+            path: "Sources/ConcordBench"
+        ),
+    ]
+)

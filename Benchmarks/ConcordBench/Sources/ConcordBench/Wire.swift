@@ -1,0 +1,204 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Monotonic nanoseconds (shared by writer and readers of one process).
+func nowNanos() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+}
+
+func seconds(since start: UInt64) -> Double { Double(nowNanos() - start) / 1e9 }
+
+struct BenchError: Error, CustomStringConvertible {
+    let description: String
+    init(_ d: String) { description = d }
+}
+
+/// A blocking Unix-socket connection with a read buffer; one thread uses it at a time.
+final class Conn: @unchecked Sendable {
+    // Sendable: a connection is handed to exactly one thread at a time.
+    let fd: Int32
+    private var buf = [UInt8](repeating: 0, count: 1 << 20)
+    private var start = 0
+    private var end = 0
+
+    init(_ path: String) throws {
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
+            let b = Array(path.utf8)
+            raw.copyBytes(from: b)
+            raw[b.count] = 0
+        }
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        if rc != 0 {
+            close(fd)
+            throw BenchError("cannot connect to \(path)")
+        }
+        var size: Int32 = 4 << 20
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+    }
+
+    deinit { close(fd) }
+
+    func write(_ bytes: [UInt8]) {
+        var off = 0
+        while off < bytes.count {
+            let n = bytes[off...].withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if n <= 0 { return }
+            off += n
+        }
+    }
+
+    func write(_ s: String) { write(Array(s.utf8)) }
+
+    /// Reads whatever is available (blocking for at least one byte) and hands
+    /// it to `body`; false at EOF.
+    func readChunk(_ body: (UnsafeBufferPointer<UInt8>) -> Void) -> Bool {
+        let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        if n <= 0 { return false }
+        buf.withUnsafeBufferPointer { body(UnsafeBufferPointer(rebasing: $0[0..<n])) }
+        return true
+    }
+
+    /// Next line (without "\n"), buffered.
+    func readLine() -> [UInt8]? {
+        while true {
+            if let nl = buf[start..<end].firstIndex(of: 0x0A) {
+                let line = Array(buf[start..<nl])
+                start = nl + 1
+                return line
+            }
+            if start > 0 {
+                buf.replaceSubrange(0..<(end - start), with: buf[start..<end])
+                end -= start
+                start = 0
+            }
+            if end == buf.count { buf += [UInt8](repeating: 0, count: buf.count) }
+            let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + end, $0.count - end, 0) }
+            if n <= 0 { return nil }
+            end += n
+        }
+    }
+
+    /// Reads `n` lines (responses), discarding them.
+    func skipLines(_ n: Int) {
+        for _ in 0..<n { _ = readLine() }
+    }
+
+    func setTimeout(_ seconds: Double) {
+        var tv = timeval(tv_sec: Int(seconds), tv_usec: Int((seconds - Double(Int(seconds))) * 1e6))
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+    }
+}
+
+/// A Redis command in RESP.
+func resp(_ parts: [String]) -> [UInt8] {
+    var out = "*\(parts.count)\r\n"
+    for p in parts { out += "$\(p.utf8.count)\r\n\(p)\r\n" }
+    return Array(out.utf8)
+}
+
+/// Counts occurrences of `needle` in a byte stream split across chunks.
+struct PatternCounter {
+    let needle: [UInt8]
+    private var matched = 0
+    var count = 0
+
+    init(_ s: String) { needle = Array(s.utf8) }
+
+    mutating func feed(_ bytes: UnsafeBufferPointer<UInt8>) {
+        for b in bytes {
+            if b == needle[matched] {
+                matched += 1
+                if matched == needle.count {
+                    count += 1
+                    matched = 0
+                }
+            } else {
+                matched = b == needle[0] ? 1 : 0
+            }
+        }
+    }
+}
+
+/// Scans a stream for `"t":<digits>` stamps and reports each.
+struct StampScanner {
+    private static let key = Array(#""t":"#.utf8)
+    private var matched = 0
+    private var inNumber = false
+    private var value: UInt64 = 0
+
+    mutating func feed(_ bytes: UnsafeBufferPointer<UInt8>, _ found: (UInt64) -> Void) {
+        for b in bytes {
+            if inNumber {
+                if b >= 48 && b <= 57 {
+                    value = value * 10 + UInt64(b - 48)
+                    continue
+                }
+                found(value)
+                inNumber = false
+                value = 0
+            }
+            if b == Self.key[matched] {
+                matched += 1
+                if matched == Self.key.count {
+                    inNumber = true
+                    matched = 0
+                }
+            } else {
+                matched = b == Self.key[0] ? 1 : 0
+            }
+        }
+    }
+}
+
+/// A child server process.
+final class ServerProc {
+    let process = Process()
+    let socket: String
+
+    init(_ path: String, _ args: [String], socket: String) throws {
+        self.socket = socket
+        unlink(socket)
+        process.executableURL = URL(fileURLWithPath: path)
+        process.arguments = args
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        for _ in 0..<500 {
+            if (try? Conn(socket)) != nil { return }
+            usleep(10_000)
+        }
+        throw BenchError("\(path) did not start listening on \(socket)")
+    }
+
+    var pid: Int32 { process.processIdentifier }
+
+    /// Resident set size from /proc.
+    var rssBytes: Int {
+        guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return 0 }
+        for line in text.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+            let kb = line.split(separator: " ").compactMap { Int($0) }.first ?? 0
+            return kb * 1024
+        }
+        return 0
+    }
+
+    func stop() {
+        if process.isRunning {
+            kill(pid, SIGTERM)
+            for _ in 0..<300 where process.isRunning { usleep(10_000) }
+            if process.isRunning { kill(pid, SIGKILL) }
+        }
+        process.waitUntilExit()
+        unlink(socket)
+    }
+}

@@ -1,0 +1,224 @@
+// concord-bench: Concord next to Redis pub/sub on this machine's Unix sockets.
+//
+//   concord-bench --server PATH [--redis PATH] [--full] [--out DIR]
+//
+// Writes DIR/latest.json, DIR/chart.svg and prints a table. Every loop is
+// bounded in count and time. See README, "Benchmarks".
+
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+signal(SIGPIPE, SIG_IGN)
+
+struct Options {
+    var server = "../../.build/release/concord-server"
+    var redis = "/usr/bin/redis-server"
+    var full = false
+    var out = "results"
+
+    init(_ args: [String]) {
+        var i = 0
+        while i < args.count {
+            switch args[i] {
+            case "--server": server = args[i + 1]; i += 1
+            case "--redis": redis = args[i + 1]; i += 1
+            case "--out": out = args[i + 1]; i += 1
+            case "--full": full = true
+            default: break
+            }
+            i += 1
+        }
+    }
+}
+
+let options = Options(Array(CommandLine.arguments.dropFirst()))
+let runStart = nowNanos()
+let dir = NSTemporaryDirectory() + "concord-bench-\(getpid())"
+try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+
+nonisolated(unsafe) var step = 0
+let totalSteps = 12
+func progress(_ what: String) {
+    step += 1
+    FileHandle.standardError.write(Data(String(format: "[%2d/%d %5.0fs] %@\n", step, totalSteps, seconds(since: runStart), what).utf8))
+}
+
+func concord(threads: Int = 2) throws -> (ServerProc, ConcordSystem) {
+    let sock = dir + "/concord.sock"
+    let p = try ServerProc(options.server, ["--socket", sock, "--cache", "none", "--threads", "\(threads)", "--log-level", "error"], socket: sock)
+    return (p, ConcordSystem(socket: sock))
+}
+
+func redis() throws -> (ServerProc, RedisSystem) {
+    let sock = dir + "/redis.sock"
+    let p = try ServerProc(options.redis, ["--port", "0", "--unixsocket", sock, "--unixsocketperm", "700", "--save", "",
+                                           "--appendonly", "no", "--client-output-buffer-limit", "pubsub 0 0 0",
+                                           "--dir", dir], socket: sock)
+    return (p, RedisSystem(socket: sock))
+}
+
+let d = options.full ? 5.0 : 1.5   // seconds per throughput run
+var results: [String: Double] = [:]
+var rows: [(String, String, String, String)] = []
+var denseSeries: [(subs: Int, concord: Double, redis: Double)] = []
+var latencySeries: [(rate: Int, concord: Double, redis: Double)] = []
+
+func fmt(_ v: Double) -> String {
+    if v >= 1e6 { return String(format: "%.2fM", v / 1e6) }
+    if v >= 1e4 { return String(format: "%.0fk", v / 1e3) }
+    return String(format: "%.1f", v)
+}
+
+do {
+    // 1. Dense fan-out: S connections all watching the same 100 channels.
+    for s in [1, 10, 100] {
+        progress("dense fan-out, \(s) subscriber connection(s)")
+        let (cp, c) = try concord()
+        try c.prepare(channels: 100, offset: 0)
+        let ct = try fanout(c, subscribers: s, perConnection: 100, stride: 0, channels: 100, duration: d)
+        cp.stop()
+        let (rp, r) = try redis()
+        let rt = try fanout(r, subscribers: s, perConnection: 100, stride: 0, channels: 100, duration: d)
+        rp.stop()
+        denseSeries.append((s, ct.eventsPerSecond, rt.eventsPerSecond))
+        rows.append(("dense fan-out, \(s) subs (events/s)", fmt(ct.eventsPerSecond), fmt(rt.eventsPerSecond),
+                     String(format: "%.2f", ct.eventsPerSecond / rt.eventsPerSecond)))
+        rows.append(("dense fan-out, \(s) subs (updates/s)", fmt(ct.updatesPerSecond), fmt(rt.updatesPerSecond),
+                     String(format: "%.2f", ct.updatesPerSecond / rt.updatesPerSecond)))
+        if s == 100 {
+            results["fanout_dense_events_per_s"] = ct.eventsPerSecond
+            results["redis_fanout_dense_events_per_s"] = rt.eventsPerSecond
+            results["fanout_dense_ratio_vs_redis"] = ct.eventsPerSecond / rt.eventsPerSecond
+        }
+    }
+    progress("dense fan-out, 10 connections × 100 model views")
+    do {
+        let (cp, c) = try concord()
+        try c.prepare(channels: 100, offset: 0)
+        let mt = try fanout(c, subscribers: 10, perConnection: 100, stride: 0, channels: 100, duration: d, model: true)
+        cp.stop()
+        rows.append(("dense fan-out, 10 subs × 100 model views (events/s)", fmt(mt.eventsPerSecond), "-", "-"))
+        results["fanout_dense_model_events_per_s"] = mt.eventsPerSecond
+    }
+
+    // 2. Sparse fan-out: 100k channels spread over 100 connections.
+    progress("sparse fan-out, 100k subscriptions over 100 connections")
+    do {
+        let (cp, c) = try concord()
+        try c.prepare(channels: 100_000, offset: 0)
+        let ct = try fanout(c, subscribers: 100, perConnection: 1000, stride: 1000, channels: 100_000, duration: d)
+        cp.stop()
+        let (rp, r) = try redis()
+        let rt = try fanout(r, subscribers: 100, perConnection: 1000, stride: 1000, channels: 100_000, duration: d)
+        rp.stop()
+        results["fanout_sparse_events_per_s"] = ct.eventsPerSecond
+        results["redis_fanout_sparse_events_per_s"] = rt.eventsPerSecond
+        results["fanout_sparse_ratio_vs_redis"] = ct.eventsPerSecond / rt.eventsPerSecond
+        rows.append(("sparse fan-out, 100k subs (events/s)", fmt(ct.eventsPerSecond), fmt(rt.eventsPerSecond),
+                     String(format: "%.2f", ct.eventsPerSecond / rt.eventsPerSecond)))
+    }
+
+    // 3. Latency at 1k/s and 10k/s with 100k subscriptions.
+    for rate in [1000, 10_000] {
+        progress("latency at \(rate) updates/s, 100k subscriptions")
+        let (cp, c) = try concord()
+        try c.prepare(channels: 100_000, offset: 0)
+        let cl = try latency(c, subscribers: 100, perConnection: 1000, rate: Double(rate), duration: options.full ? 10 : 3)
+        cp.stop()
+        let (rp, r) = try redis()
+        let rl = try latency(r, subscribers: 100, perConnection: 1000, rate: Double(rate), duration: options.full ? 10 : 3)
+        rp.stop()
+        latencySeries.append((rate, cl.p99, rl.p99))
+        let label = rate >= 10_000 ? "10k" : "1k"
+        results["latency_p50_us_\(label)"] = cl.p50
+        results["latency_p99_us_\(label)"] = cl.p99
+        results["latency_p999_us_\(label)"] = cl.p999
+        results["redis_latency_p50_us_\(label)"] = rl.p50
+        results["redis_latency_p99_us_\(label)"] = rl.p99
+        results["redis_latency_p999_us_\(label)"] = rl.p999
+        rows.append(("latency \(label)/s p50 / p99 / p99.9 (µs)",
+                     String(format: "%.0f / %.0f / %.0f", cl.p50, cl.p99, cl.p999),
+                     String(format: "%.0f / %.0f / %.0f", rl.p50, rl.p99, rl.p999),
+                     String(format: "p99 %.2f", cl.p99 / max(rl.p99, 1))))
+    }
+
+    // 4. Memory per subscription.
+    for n in options.full ? [100_000, 1_000_000] : [100_000] {
+        progress("memory, \(n) subscriptions")
+        let (cp, c) = try concord()
+        let cm = try memoryPerSubscription(c, server: cp, count: n)
+        cp.stop()
+        let (rp, r) = try redis()
+        let rm = try memoryPerSubscription(r, server: rp, count: n)
+        rp.stop()
+        let label = n >= 1_000_000 ? "1M" : "100k"
+        results["bytes_per_subscription_\(label)"] = cm.allocatorBytesPerSubscription
+        results["rss_bytes_per_subscription_\(label)"] = cm.rssBytesPerSubscription
+        results["redis_bytes_per_subscription_\(label)"] = rm.allocatorBytesPerSubscription
+        results["redis_rss_bytes_per_subscription_\(label)"] = rm.rssBytesPerSubscription
+        results["bytes_per_subscription"] = cm.allocatorBytesPerSubscription
+        results["redis_bytes_per_subscription"] = rm.allocatorBytesPerSubscription
+        rows.append(("bytes per key subscription, \(label) (allocator / RSS)",
+                     String(format: "%.0f / %.0f", cm.allocatorBytesPerSubscription, cm.rssBytesPerSubscription),
+                     String(format: "%.0f / %.0f", rm.allocatorBytesPerSubscription, rm.rssBytesPerSubscription),
+                     String(format: "%.2f", cm.allocatorBytesPerSubscription / max(rm.allocatorBytesPerSubscription, 1))))
+    }
+
+    // 5. Collections churn with 10 subscribers.
+    for size in [10_000, 100_000] {
+        progress("collection churn, \(size) items, 10 subscribers")
+        let (cp, c) = try concord()
+        let ops = try collectionChurn(socket: c.socket, size: size, subscribers: 10, ops: options.full ? 20_000 : (size > 10_000 ? 1500 : 6000))
+        cp.stop()
+        results["collection_churn_ops_per_s_\(size >= 100_000 ? "100k" : "10k")"] = ops
+        rows.append(("collection churn, \(size) items, 10 subs (ops/s)", fmt(ops), "-", "-"))
+    }
+
+    // 6. Scaling: --threads 1 vs 2 on dense fan-out of model views (the work the pool parallelizes).
+    progress("scaling, --threads 1 vs 2")
+    var perThreads: [Int: Double] = [:]
+    for t in [1, 2] {
+        let (cp, c) = try concord(threads: t)
+        try c.prepare(channels: 100, offset: 0)
+        perThreads[t] = try fanout(c, subscribers: 100, perConnection: 100, stride: 0, channels: 100, duration: d, model: true).eventsPerSecond
+        cp.stop()
+    }
+    results["threads_1_events_per_s"] = perThreads[1]
+    results["threads_2_events_per_s"] = perThreads[2]
+    results["threads_speedup"] = (perThreads[2] ?? 0) / max(perThreads[1] ?? 1, 1)
+    rows.append(("model-view fan-out, --threads 1 → 2 (events/s)", "\(fmt(perThreads[1] ?? 0)) → \(fmt(perThreads[2] ?? 0))", "-",
+                 String(format: "×%.2f", results["threads_speedup"] ?? 0)))
+} catch {
+    FileHandle.standardError.write(Data("concord-bench: \(error)\n".utf8))
+    exit(1)
+}
+
+// MARK: Output
+
+results["duration_s"] = seconds(since: runStart)
+var json = "{\n"
+json += "  \"date\": \"\(ISO8601DateFormatter().string(from: Date()))\",\n"
+json += "  \"mode\": \"\(options.full ? "full" : "quick")\",\n"
+json += "  \"machine\": \"\(ProcessInfo.processInfo.activeProcessorCount) cores, \(ProcessInfo.processInfo.physicalMemory >> 30) GiB, \(ProcessInfo.processInfo.operatingSystemVersionString.replacingOccurrences(of: "\"", with: ""))\",\n"
+let keys = results.keys.sorted()
+for (i, k) in keys.enumerated() {
+    let v = results[k]!
+    json += "  \"\(k)\": \(v.isFinite ? String(format: "%.3f", v) : "null")\(i < keys.count - 1 ? "," : "")\n"
+}
+json += "}\n"
+try? FileManager.default.createDirectory(atPath: options.out, withIntermediateDirectories: true)
+try json.write(toFile: options.out + "/latest.json", atomically: true, encoding: .utf8)
+try chartSVG(dense: denseSeries, latency: latencySeries).write(toFile: options.out + "/chart.svg", atomically: true, encoding: .utf8)
+
+let w0 = rows.map { $0.0.count }.max() ?? 0
+print("scenario".padding(toLength: w0, withPad: " ", startingAt: 0) + "  | concord          | redis            | ratio")
+print(String(repeating: "-", count: w0 + 50))
+for (a, b, c, r) in rows {
+    print(a.padding(toLength: w0, withPad: " ", startingAt: 0) + "  | " + b.padding(toLength: 16, withPad: " ", startingAt: 0)
+          + " | " + c.padding(toLength: 16, withPad: " ", startingAt: 0) + " | " + r)
+}
+print(String(format: "\nwrote %@/latest.json and %@/chart.svg in %.0f s", options.out, options.out, seconds(since: runStart)))
+try? FileManager.default.removeItem(atPath: dir)
