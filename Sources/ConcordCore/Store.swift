@@ -163,8 +163,9 @@ final class Store {
     /// Computes the new versions of an update's entities without writing them.
     /// Throws `bad_request` when a merge would make an entity contain itself.
     func prepareUpdate(model: JSON, key: String?, mode: UpdateMode, force: Bool) throws(ProtocolError) -> PreparedUpdate {
-        let (order, winners) = tree.flatten(model)
-        let resolved = tree.resolve(winners, order: order)
+        let (order, winners, repeated) = tree.flattenCounting(model)
+        // With each identity once, every nested occurrence already is its winner.
+        let resolved = repeated ? tree.resolve(winners, order: order) : winners
         guard mode == .merge else {
             return PreparedUpdate(order: order, values: resolved, partials: nil, mode: mode, force: force, key: key, model: model)
         }

@@ -14,13 +14,20 @@ struct Tree {
     /// Every entity of `root` with its winning subtree (the last occurrence in
     /// pre-order), and the identities in order of first appearance.
     func flatten(_ root: JSON) -> (order: [String], winners: [String: JSON]) {
+        let f = flattenCounting(root)
+        return (f.order, f.winners)
+    }
+
+    /// `flatten`, also telling whether some identity occurs more than once.
+    func flattenCounting(_ root: JSON) -> (order: [String], winners: [String: JSON], repeated: Bool) {
         var order: [String] = []
         var winners: [String: JSON] = [:]
+        var repeated = false
         func walk(_ v: JSON) {
             switch v {
             case .object(let o):
                 if let id = o.identity(idKey: idKey) {
-                    if winners.updateValue(v, forKey: id) == nil { order.append(id) }
+                    if winners.updateValue(v, forKey: id) == nil { order.append(id) } else { repeated = true }
                 }
                 for m in o.members { walk(m.value) }
             case .array(let a):
@@ -30,7 +37,7 @@ struct Tree {
             }
         }
         walk(root)
-        return (order, winners)
+        return (order, winners, repeated)
     }
 
     /// Each winner with its nested entities replaced by their own resolved winners,

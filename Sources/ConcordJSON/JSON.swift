@@ -80,6 +80,9 @@ public struct JSONNumber: Sendable, CustomStringConvertible {
     /// Numeric equality on the exact decimal values (no rounding through Double).
     public func isEqualByValue(_ other: JSONNumber) -> Bool {
         if text == other.text { return true }
+        // Two integers have one canonical spelling each (JSON forbids leading
+        // zeros), so different texts mean different values — except -0 and 0.
+        if isInteger && other.isInteger { return integerText == other.integerText }
         return Decimal10(text) == Decimal10(other.text)
     }
 }
