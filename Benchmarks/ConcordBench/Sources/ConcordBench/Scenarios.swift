@@ -166,6 +166,9 @@ func fanout(_ system: any System, subscribers: Int, perConnection: Int, stride: 
     let finished = subs.waitFor(expected, timeout: 30)
     let delivered = subs.tally.total
     subs.finish()
+    if delivered < expected {
+        FileHandle.standardError.write(Data("  warning: \(system.name) delivered \(delivered) of \(expected) events within the wait\n".utf8))
+    }
     let elapsed = Double(finished - start) / 1e9
     return Throughput(updatesPerSecond: Double(updates) / elapsed, eventsPerSecond: Double(delivered) / elapsed)
 }

@@ -108,6 +108,7 @@ struct RedisSystem: System {
             let line = String(decoding: l.filter { $0 != 13 }, as: UTF8.self)
             if line.hasPrefix("used_memory:") { used = Int(line.dropFirst("used_memory:".count)) ?? 0 }
         }
+        _ = c.readLine()  // the bulk string's closing CRLF
         return used
     }
 

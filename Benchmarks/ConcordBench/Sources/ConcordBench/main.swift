@@ -18,6 +18,8 @@ struct Options {
     var redis = "/usr/bin/redis-server"
     var full = false
     var out = "results"
+    /// Run only the scenarios whose progress label contains this text.
+    var only: String?
 
     init(_ args: [String]) {
         var i = 0
@@ -27,6 +29,7 @@ struct Options {
             case "--redis": redis = args[i + 1]; i += 1
             case "--out": out = args[i + 1]; i += 1
             case "--full": full = true
+            case "--only": only = args[i + 1]; i += 1
             default: break
             }
             i += 1
@@ -41,9 +44,13 @@ try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectorie
 
 nonisolated(unsafe) var step = 0
 let totalSteps = 12
-func progress(_ what: String) {
+/// Announces a scenario; false when `--only` excludes it.
+@discardableResult
+func progress(_ what: String) -> Bool {
     step += 1
+    if let only = options.only, !what.contains(only) { return false }
     FileHandle.standardError.write(Data(String(format: "[%2d/%d %5.0fs] %@\n", step, totalSteps, seconds(since: runStart), what).utf8))
+    return true
 }
 
 func concord(threads: Int = 2) throws -> (ServerProc, ConcordSystem) {
@@ -75,7 +82,7 @@ func fmt(_ v: Double) -> String {
 do {
     // 1. Dense fan-out: S connections all watching the same 100 channels.
     for s in [1, 10, 100] {
-        progress("dense fan-out, \(s) subscriber connection(s)")
+        guard progress("dense fan-out, \(s) subscriber connection(s)") else { continue }
         let (cp, c) = try concord()
         try c.prepare(channels: 100, offset: 0)
         let ct = try fanout(c, subscribers: s, perConnection: 100, stride: 0, channels: 100, duration: d)
@@ -94,8 +101,7 @@ do {
             results["fanout_dense_ratio_vs_redis"] = ct.eventsPerSecond / rt.eventsPerSecond
         }
     }
-    progress("dense fan-out, 10 connections × 100 model views")
-    do {
+    if progress("dense fan-out, 10 connections × 100 model views") {
         let (cp, c) = try concord()
         try c.prepare(channels: 100, offset: 0)
         let mt = try fanout(c, subscribers: 10, perConnection: 100, stride: 0, channels: 100, duration: d, model: true)
@@ -105,8 +111,7 @@ do {
     }
 
     // 2. Sparse fan-out: 100k channels spread over 100 connections.
-    progress("sparse fan-out, 100k subscriptions over 100 connections")
-    do {
+    if progress("sparse fan-out, 100k subscriptions over 100 connections") {
         let (cp, c) = try concord()
         try c.prepare(channels: 100_000, offset: 0)
         let ct = try fanout(c, subscribers: 100, perConnection: 1000, stride: 1000, channels: 100_000, duration: d)
@@ -123,7 +128,7 @@ do {
 
     // 3. Latency at 1k/s and 10k/s with 100k subscriptions.
     for rate in [1000, 10_000] {
-        progress("latency at \(rate) updates/s, 100k subscriptions")
+        guard progress("latency at \(rate) updates/s, 100k subscriptions") else { continue }
         let (cp, c) = try concord()
         try c.prepare(channels: 100_000, offset: 0)
         let cl = try latency(c, subscribers: 100, perConnection: 1000, rate: Double(rate), duration: options.full ? 10 : 3)
@@ -147,7 +152,7 @@ do {
 
     // 4. Memory per subscription.
     for n in options.full ? [100_000, 1_000_000] : [100_000] {
-        progress("memory, \(n) subscriptions")
+        guard progress("memory, \(n) subscriptions") else { continue }
         let (cp, c) = try concord()
         let cm = try memoryPerSubscription(c, server: cp, count: n)
         cp.stop()
@@ -169,7 +174,7 @@ do {
 
     // 5. Collections churn with 10 subscribers.
     for size in [10_000, 100_000] {
-        progress("collection churn, \(size) items, 10 subscribers")
+        guard progress("collection churn, \(size) items, 10 subscribers") else { continue }
         let (cp, c) = try concord()
         let ops = try collectionChurn(socket: c.socket, size: size, subscribers: 10, ops: options.full ? 20_000 : (size > 10_000 ? 1500 : 6000))
         cp.stop()
@@ -178,19 +183,20 @@ do {
     }
 
     // 6. Scaling: --threads 1 vs 2 on dense fan-out of model views (the work the pool parallelizes).
-    progress("scaling, --threads 1 vs 2")
     var perThreads: [Int: Double] = [:]
-    for t in [1, 2] {
+    for t in progress("scaling, --threads 1 vs 2") ? [1, 2] : [] {
         let (cp, c) = try concord(threads: t)
         try c.prepare(channels: 100, offset: 0)
         perThreads[t] = try fanout(c, subscribers: 100, perConnection: 100, stride: 0, channels: 100, duration: d, model: true).eventsPerSecond
         cp.stop()
     }
+    if !perThreads.isEmpty {
     results["threads_1_events_per_s"] = perThreads[1]
     results["threads_2_events_per_s"] = perThreads[2]
     results["threads_speedup"] = (perThreads[2] ?? 0) / max(perThreads[1] ?? 1, 1)
     rows.append(("model-view fan-out, --threads 1 → 2 (events/s)", "\(fmt(perThreads[1] ?? 0)) → \(fmt(perThreads[2] ?? 0))", "-",
                  String(format: "×%.2f", results["threads_speedup"] ?? 0)))
+    }
 } catch {
     FileHandle.standardError.write(Data("concord-bench: \(error)\n".utf8))
     exit(1)
