@@ -91,8 +91,8 @@ public final class Engine {
     public var connectionCount: Int { clients.count }
 
     /// Output queued since the last call, per connection, in the order it must be written.
-    public func takeOutput() -> [(ConnectionID, [OutputBytes])] {
-        var out: [(ConnectionID, [OutputBytes])] = []
+    public func takeOutput() -> [(ConnectionID, [OutputChunk])] {
+        var out: [(ConnectionID, [OutputChunk])] = []
         out.reserveCapacity(dirtyClients.count)
         for c in dirtyClients {
             c.dirty = false

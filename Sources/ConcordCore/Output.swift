@@ -24,50 +24,76 @@ public final class OutputBytes: @unchecked Sendable {
     public var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: base, count: count) }
 }
 
+/// A run of bytes to write: a slice of an ``OutputBytes`` (which it keeps alive).
+public struct OutputChunk: Sendable {
+    public let owner: OutputBytes
+    public let offset: Int
+    public let count: Int
+
+    public var base: UnsafeRawPointer { UnsafeRawPointer(owner.base + offset) }
+}
+
 /// What one connection is to be sent, in order: its own small bytes
 /// (responses, event headers) interleaved with shared payloads.
+///
+/// The connection's own bytes of one hand-off go into a single buffer (one
+/// allocation, however many events); shared payloads are referenced, never
+/// copied. `take()` turns both into chunks for one vectored write.
 public struct OutputQueue {
-    public private(set) var segments: [OutputBytes] = []
-    private var pending: [UInt8] = []
+    private var own: [UInt8] = []
+    /// In order: a run of `own` (`shared == nil`, `start..<end`) or a shared payload.
+    private var parts: [(shared: OutputBytes?, start: Int, end: Int)] = []
+    private var runStart = 0
     public private(set) var byteCount = 0
 
     public init() {}
 
-    public var isEmpty: Bool { segments.isEmpty && pending.isEmpty }
+    public var isEmpty: Bool { parts.isEmpty && own.count == runStart }
 
     mutating func append(_ bytes: [UInt8]) {
-        pending.append(contentsOf: bytes)
+        own.append(contentsOf: bytes)
         byteCount += bytes.count
     }
 
-    /// Writes straight into the pending bytes (no temporary buffer).
+    /// Writes straight into the connection's own bytes (no temporary buffer).
     mutating func write(_ body: (inout JSONWriter) -> Void) {
-        var w = JSONWriter(adopting: pending)
-        pending = []
+        var w = JSONWriter(adopting: own)
+        own = []
         let before = w.bytes.count
         body(&w)
         byteCount += w.bytes.count - before
-        pending = w.bytes
+        own = w.bytes
     }
 
     mutating func append(shared: OutputBytes) {
-        flushPending()
-        segments.append(shared)
+        closeRun()
+        parts.append((shared, 0, shared.count))
         byteCount += shared.count
     }
 
-    private mutating func flushPending() {
-        if !pending.isEmpty {
-            segments.append(OutputBytes(pending))
-            pending.removeAll(keepingCapacity: true)
+    private mutating func closeRun() {
+        if own.count > runStart {
+            parts.append((nil, runStart, own.count))
+            runStart = own.count
         }
     }
 
     /// Everything queued so far, in order; the queue is empty afterwards.
-    public mutating func take() -> [OutputBytes] {
-        flushPending()
-        let out = segments
-        segments = []
+    public mutating func take() -> [OutputChunk] {
+        closeRun()
+        let arena = own.isEmpty ? nil : OutputBytes(own)
+        var out: [OutputChunk] = []
+        out.reserveCapacity(parts.count)
+        for p in parts {
+            if let shared = p.shared {
+                out.append(OutputChunk(owner: shared, offset: 0, count: shared.count))
+            } else if let arena {
+                out.append(OutputChunk(owner: arena, offset: p.start, count: p.end - p.start))
+            }
+        }
+        own.removeAll(keepingCapacity: true)
+        parts.removeAll(keepingCapacity: true)
+        runStart = 0
         byteCount = 0
         return out
     }

@@ -56,7 +56,7 @@ final class Subscription {
         case collection(CollectionView)
     }
 
-    unowned let client: Client
+    unowned(unsafe) let client: Client  // a client unregisters its subscriptions before it goes
     let name: String
     var kind: Kind
     /// Position in the key view's subscriber list (key subscriptions only).

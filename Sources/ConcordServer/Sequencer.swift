@@ -22,7 +22,7 @@ final class Sequencer: @unchecked Sendable {
 
     /// What the sequencer hands the loop after each batch.
     struct Delivery {
-        var outputs: [(ConnectionID, [OutputBytes])]
+        var outputs: [(ConnectionID, [OutputChunk])]
         var drained: Bool
     }
 

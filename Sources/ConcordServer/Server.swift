@@ -72,15 +72,15 @@ final class Connection {
 /// Keeps a write's buffers alive until libuv is done with them.
 final class WriteContext {
     let connection: Connection
-    let segments: [OutputBytes]
+    let segments: [OutputChunk]
     let bufs: UnsafeMutablePointer<uv_buf_t>
 
-    init(connection: Connection, segments: [OutputBytes]) {
+    init(connection: Connection, segments: [OutputChunk]) {
         self.connection = connection
         self.segments = segments
         bufs = .allocate(capacity: max(segments.count, 1))
         for (i, s) in segments.enumerated() {
-            bufs[i] = uv_buf_t(base: s.base.assumingMemoryBound(to: CChar.self), len: s.count)
+            bufs[i] = uv_buf_t(base: UnsafeMutablePointer(mutating: s.base.assumingMemoryBound(to: CChar.self)), len: s.count)
         }
     }
 
@@ -299,7 +299,7 @@ public final class Server {
         }
     }
 
-    private func write(_ conn: Connection, _ segments: [OutputBytes]) {
+    private func write(_ conn: Connection, _ segments: [OutputChunk]) {
         let ctx = WriteContext(connection: conn, segments: segments)
         let req = UnsafeMutablePointer<uv_write_t>.allocate(capacity: 1)
         req.pointee.data = Unmanaged.passRetained(ctx).toOpaque()

@@ -29,7 +29,7 @@ final class EngineHarness {
     fileprivate func pump() {
         for (id, segments) in engine.takeOutput() {
             guard let c = conns[id] else { continue }
-            for s in segments { c.raw.append(contentsOf: s.bytes) }
+            for s in segments { c.raw.append(contentsOf: UnsafeRawBufferPointer(start: s.base, count: s.count)) }
             c.split()
         }
     }
