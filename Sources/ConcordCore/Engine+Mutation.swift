@@ -182,6 +182,7 @@ extension Engine {
         let keyEnded = keys.map { change.documentsDeleted.contains($0.key) }
         let total = models.count + keys.count + entityIDs.count + lists.count
         let listBase = models.count + keys.count + entityIDs.count
+        if total > 0 {
         modelResults.withUnsafeMutableBufferPointer { mr in
             keyPayloads.withUnsafeMutableBufferPointer { kp in
                 entityPayloads.withUnsafeMutableBufferPointer { ep in
@@ -216,6 +217,7 @@ extension Engine {
                   }
                 }
             }
+        }
         }
 
         // Serial part: queue bytes and update indexes, in a fixed order.
