@@ -43,8 +43,19 @@ final class Client: @unchecked Sendable {
     var start = 0
     var end = 0
 
-    init(_ path: String) {
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+    convenience init(_ path: String) {
+        guard let fd = Client.connectSocket(path) else {
+            FileHandle.standardError.write(Data("cannot connect to \(path)\n".utf8))
+            exit(1)
+        }
+        self.init(fd: fd)
+    }
+
+    init(fd: Int32) { self.fd = fd }
+
+    /// A connected socket, or nil.
+    static func connectSocket(_ path: String) -> Int32? {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
         var addr = sockaddr_un()
         addr.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &addr.sun_path) { raw in
@@ -56,9 +67,10 @@ final class Client: @unchecked Sendable {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
         }
         if rc != 0 {
-            FileHandle.standardError.write(Data("cannot connect to \(path)\n".utf8))
-            exit(1)
+            close(fd)
+            return nil
         }
+        return fd
     }
 
     func write(_ bytes: [UInt8]) {
@@ -343,19 +355,7 @@ case "first-get":
     let t = now()
     var c: Client? = nil
     while c == nil {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
-            let b = Array(socketPath.utf8)
-            raw.copyBytes(from: b)
-            raw[b.count] = 0
-        }
-        let rc = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        close(fd)
-        if rc == 0 { c = Client(socketPath) } else { usleep(1000) }
+        if let fd = Client.connectSocket(socketPath) { c = Client(fd: fd) } else { usleep(1000) }
     }
     let listening = now() - t
     let r = c!.request(#"{"op":"get","id":"\#(option("--id", "Person:123456"))"}"#)

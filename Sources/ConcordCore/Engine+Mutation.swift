@@ -242,54 +242,18 @@ extension Engine {
         }
         for (k, view) in keys.enumerated() {
             if keyEnded[k] {
-                for s in view.subs {
-                    s.client.output.append(deleteEventBytes(s, seq: seq, context: context))
-                    markDirty(s.client)
-                    s.client.subs[s.name] = nil
-                    s.slot = -1
-                    subscriptionCount -= 1
-                }
-                view.subs = []
+                endAll(view, seq: seq, context: context)
                 keyViews[view.key] = nil
-                continue
-            }
-            guard let payload = keyPayloads[k] else { continue }
-            for s in view.subs {
-                if let p = s.pause {
-                    p.changed = true
-                    p.context = context
-                    continue
-                }
-                if origins.contains(ObjectIdentifier(s)) { continue }
-                s.client.output.write { eventHeader(&$0, "update", s, seq) }
-                s.client.output.append(shared: payload)
-                markDirty(s.client)
+            } else if let payload = keyPayloads[k] {
+                send(payload, to: view, event: "update", seq: seq, origins: origins, context: context)
             }
         }
         for (l, view) in lists.enumerated() {
             if listEnded[l] {
-                for s in view.subs {
-                    s.client.output.append(deleteEventBytes(s, seq: seq, context: context))
-                    markDirty(s.client)
-                    s.client.subs[s.name] = nil
-                    s.slot = -1
-                    subscriptionCount -= 1
-                }
-                view.subs = []
+                endAll(view, seq: seq, context: context)
                 collectionViews[view.name] = nil
-                continue
-            }
-            guard let payload = listPayloads[l] else { continue }
-            for s in view.subs {
-                if let p = s.pause {
-                    p.changed = true
-                    p.context = context
-                    continue
-                }
-                if origins.contains(ObjectIdentifier(s)) { continue }
-                s.client.output.write { eventHeader(&$0, "collection", s, seq) }
-                s.client.output.append(shared: payload)
-                markDirty(s.client)
+            } else if let payload = listPayloads[l] {
+                send(payload, to: view, event: "collection", seq: seq, origins: origins, context: context)
             }
         }
         for (e, id) in entityIDs.enumerated() {
@@ -304,6 +268,34 @@ extension Engine {
                     sendEntity(s, id, payload, seq: seq, origins: origins, context: context)
                 }
             }
+        }
+    }
+
+    /// Ends every subscription of a shared view whose document or collection went away.
+    private func endAll(_ view: SharedView, seq: Int, context: JSON?) {
+        for s in view.subs {
+            s.client.output.append(deleteEventBytes(s, seq: seq, context: context))
+            markDirty(s.client)
+            s.client.subs[s.name] = nil
+            s.slot = -1
+            subscriptionCount -= 1
+        }
+        view.subs = []
+    }
+
+    /// One shared payload to every running subscriber of a view, each with its own header.
+    private func send(_ payload: OutputBytes, to view: SharedView, event: StaticString, seq: Int,
+                      origins: Set<ObjectIdentifier>, context: JSON?) {
+        for s in view.subs {
+            if let p = s.pause {
+                p.changed = true
+                p.context = context
+                continue
+            }
+            if origins.contains(ObjectIdentifier(s)) { continue }
+            s.client.output.write { eventHeader(&$0, event, s, seq) }
+            s.client.output.append(shared: payload)
+            markDirty(s.client)
         }
     }
 

@@ -115,18 +115,10 @@ final class ModelView {
     }
 }
 
-/// All `key` subscriptions of one cache key share one view: the document is
-/// rendered and encoded once per mutation and the bytes go to every subscriber.
-final class KeyView {
-    let key: String
-    /// The document as last sent to running subscribers (nil: none).
-    var value: JSON?
+/// The subscribers of a shared view, with O(1) removal (each subscription
+/// remembers its slot).
+class SharedView {
     var subs: [Subscription] = []
-
-    init(key: String, value: JSON?) {
-        self.key = key
-        self.value = value
-    }
 
     func add(_ s: Subscription) {
         s.slot = subs.count
@@ -145,28 +137,24 @@ final class KeyView {
     }
 }
 
+/// All `key` subscriptions of one cache key share one view: the document is
+/// rendered and encoded once per mutation and the bytes go to every subscriber.
+final class KeyView: SharedView {
+    let key: String
+    /// The document as last sent to running subscribers (nil: none).
+    var value: JSON?
+
+    init(key: String, value: JSON?) {
+        self.key = key
+        self.value = value
+    }
+}
+
 /// All subscriptions of one collection share one view: running subscribers
 /// always hold the server's list as of the last mutation, so one encoded
 /// change list serves them all.
-final class CollectionView {
+final class CollectionView: SharedView {
     let name: String
-    var subs: [Subscription] = []
 
     init(name: String) { self.name = name }
-
-    func add(_ s: Subscription) {
-        s.slot = subs.count
-        subs.append(s)
-    }
-
-    func remove(_ s: Subscription) {
-        let i = s.slot
-        guard i >= 0, i < subs.count, subs[i] === s else { return }
-        let last = subs.removeLast()
-        if i < subs.count {
-            subs[i] = last
-            last.slot = i
-        }
-        s.slot = -1
-    }
 }
