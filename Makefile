@@ -32,7 +32,7 @@ test: deps
 # Longer randomized runs (see README, "Soak").
 soak: deps
 	swift build
-	CONCORD_SOAK=1 swift test --filter Stress
+	CONCORD_SOAK=1 swift test --filter 'Stress|Robustness'
 
 # Benchmarks: Concord next to Redis pub/sub (Benchmarks/ConcordBench, its own package).
 bench-deps: deps
