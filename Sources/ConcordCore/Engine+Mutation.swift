@@ -273,26 +273,26 @@ extension Engine {
 
     /// Ends every subscription of a shared view whose document or collection went away.
     private func endAll(_ view: SharedView, seq: Int, context: JSON?) {
-        for s in view.subs {
+        view.forEach { s in
             s.client.output.append(deleteEventBytes(s, seq: seq, context: context))
             markDirty(s.client)
             s.client.subs[s.name] = nil
             s.slot = -1
             subscriptionCount -= 1
         }
-        view.subs = []
+        view.removeAll()
     }
 
     /// One shared payload to every running subscriber of a view, each with its own header.
     private func send(_ payload: OutputBytes, to view: SharedView, event: StaticString, seq: Int,
                       origins: Set<ObjectIdentifier>, context: JSON?) {
-        for s in view.subs {
+        view.forEach { s in
             if let p = s.pause {
                 p.changed = true
                 p.context = context
-                continue
+                return
             }
-            if origins.contains(ObjectIdentifier(s)) { continue }
+            if origins.contains(ObjectIdentifier(s)) { return }
             s.client.output.write { eventHeader(&$0, event, s, seq) }
             s.client.output.append(shared: payload)
             markDirty(s.client)

@@ -89,7 +89,7 @@ extension Engine {
             view.sub = nil
         case .key(let view):
             view.remove(s)
-            if view.subs.isEmpty { keyViews[view.key] = nil }
+            if view.isEmpty { keyViews[view.key] = nil }
         case .ids(let list):
             let oid = ObjectIdentifier(s)
             for id in list {
@@ -102,7 +102,7 @@ extension Engine {
             feeds[ObjectIdentifier(s)] = nil
         case .collection(let view):
             view.remove(s)
-            if view.subs.isEmpty { collectionViews[view.name] = nil }
+            if view.isEmpty { collectionViews[view.name] = nil }
         }
     }
 

@@ -56,14 +56,16 @@ final class Subscription {
         case collection(CollectionView)
     }
 
+    // Field order keeps the object at 64 bytes (a jemalloc size class): a
+    // million subscriptions should not pay for padding.
     unowned(unsafe) let client: Client  // a client unregisters its subscriptions before it goes
     let name: String
     var kind: Kind
-    /// Position in the key view's subscriber list (key subscriptions only).
-    var slot = -1
     /// True when `name` can be written between quotes as it is (the common case),
     /// so event headers need no escaping pass and no stored copy.
     let nameIsPlain: Bool
+    /// Position in a shared view's subscriber list (key and collection subscriptions).
+    var slot: Int32 = -1
     /// Present while paused. Kept out of line: most subscriptions never pause,
     /// and a million of them should not each carry this state.
     var pause: PauseState?
@@ -116,24 +118,50 @@ final class ModelView {
 }
 
 /// The subscribers of a shared view, with O(1) removal (each subscription
-/// remembers its slot).
+/// remembers its slot). Most keys have one subscriber: it is kept inline,
+/// and an array is only allocated for the second.
 class SharedView {
-    var subs: [Subscription] = []
+    private var first: Subscription?
+    private var rest: [Subscription] = []
+
+    var isEmpty: Bool { first == nil }
+
+    func forEach(_ body: (Subscription) -> Void) {
+        guard let first else { return }
+        body(first)
+        for s in rest { body(s) }
+    }
 
     func add(_ s: Subscription) {
-        s.slot = subs.count
-        subs.append(s)
+        if first == nil {
+            first = s
+            s.slot = 0
+        } else {
+            rest.append(s)
+            s.slot = Int32(rest.count)
+        }
     }
 
     func remove(_ s: Subscription) {
-        let i = s.slot
-        guard i >= 0, i < subs.count, subs[i] === s else { return }
-        let last = subs.removeLast()
-        if i < subs.count {
-            subs[i] = last
-            last.slot = i
+        let i = Int(s.slot)
+        if i == 0, first === s {
+            first = rest.popLast()
+            first?.slot = 0
+        } else if i >= 1, i <= rest.count, rest[i - 1] === s {
+            let last = rest.removeLast()
+            if i - 1 < rest.count {
+                rest[i - 1] = last
+                last.slot = Int32(i)
+            }
+        } else {
+            return
         }
         s.slot = -1
+    }
+
+    func removeAll() {
+        first = nil
+        rest = []
     }
 }
 
