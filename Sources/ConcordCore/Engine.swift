@@ -110,8 +110,8 @@ public final class Engine {
 
     /// A line the framer found too long.
     public func handleTooLarge(from id: ConnectionID) {
-        guard let c = clients[id] else { return }
-        respondError(c, rid: .null, ProtocolError(.tooLarge, "line longer than \(configuration.maxLineBytes) bytes; skipped up to its newline"))
+        // Through `handle`, so it waits its turn behind a parked request.
+        handle(.failure(ProtocolError(.tooLarge, "line longer than \(configuration.maxLineBytes) bytes; skipped up to its newline")), from: id)
     }
 
     /// Parses and answers one request line.
