@@ -19,6 +19,20 @@ struct ConcordCommand: AsyncParsableCommand {
             Subscribe.self, Stats.self, Schema.self,
         ]
     )
+
+    /// Accepts `--socket PATH` before the subcommand too (`concord --socket P ping`).
+    static func main() async {
+        var args = Array(CommandLine.arguments.dropFirst())
+        if args.first == "--socket", args.count >= 2 {
+            let moved = Array(args[0..<2])
+            args.removeFirst(2)
+            args += moved
+        } else if let first = args.first, first.hasPrefix("--socket=") {
+            args.removeFirst()
+            args.append(first)
+        }
+        await main(args)
+    }
 }
 
 struct ConnectionOptions: ParsableArguments {

@@ -36,6 +36,9 @@ struct CLITests {
         let server = try ServerProcess()
         let s = server.socketPath
         #expect(try Self.concord(["ping"], socket: s).1 == "0\n")
+        // --socket before or after the subcommand; it wins over CONCORD_SOCKET.
+        #expect(try Self.concord(["--socket", s, "ping"], socket: "/nonexistent.sock").1 == "0\n")
+        #expect(try Self.concord(["ping", "--socket", s], socket: "/nonexistent.sock").1 == "0\n")
         let hello = try Self.concord(["hello"], socket: s).1
         #expect(hello.contains("\"protocol\":1"))
         #expect(try Self.concord(["update", #"{"id":"P:1","n":1}"#, "--key", "home"], socket: s).1 == "1\n")
