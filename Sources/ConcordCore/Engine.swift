@@ -220,18 +220,7 @@ public final class Engine {
             }
             respond(c, rid: r.rid) { w in
                 w.key("required")
-                w.raw("{")
-                for (i, entry) in store.requiredLists.enumerated() {
-                    if i > 0 { w.raw(",") }
-                    w.string(entry.type)
-                    w.raw(":[")
-                    for (j, m) in entry.members.enumerated() {
-                        if j > 0 { w.raw(",") }
-                        w.string(m)
-                    }
-                    w.raw("]")
-                }
-                w.raw("}")
+                RecordCodec.writeSchema(&w, store.requiredLists)
             }
         case .subscribe(let name, let target):
             try subscribe(c, rid: r.rid, name: name, target: target)

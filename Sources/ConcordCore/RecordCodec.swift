@@ -87,7 +87,15 @@ public struct RecordCodec: Sendable {
 
     public func encode(schema: [(type: String, members: [String])]) -> [UInt8] {
         var w = JSONWriter(capacity: 64)
-        w.raw("{\"v\":1,\"required\":{")
+        w.raw("{\"v\":1,\"required\":")
+        Self.writeSchema(&w, schema)
+        w.raw("}")
+        return w.bytes
+    }
+
+    /// `{"Type":["member",…],…}` — the schema as both the wire and the cache spell it.
+    static func writeSchema(_ w: inout JSONWriter, _ schema: [(type: String, members: [String])]) {
+        w.raw("{")
         for (i, e) in schema.enumerated() {
             if i > 0 { w.raw(",") }
             w.string(e.type)
@@ -98,8 +106,7 @@ public struct RecordCodec: Sendable {
             }
             w.raw("]")
         }
-        w.raw("}}")
-        return w.bytes
+        w.raw("}")
     }
 
     private func envelope(_ bytes: [UInt8]) -> JSONObject? {
