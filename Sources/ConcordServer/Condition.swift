@@ -47,7 +47,16 @@ func startThread(name: String, _ body: @escaping @Sendable () -> Void) {
     }
     let box = Unmanaged.passRetained(Box(body, name)).toOpaque()
     var tid = pthread_t()
-    let rc = pthread_create(&tid, nil, { arg in
+    // Model trees are walked recursively (to --max-depth levels): give every
+    // core thread a generous stack rather than the platform default.
+    let attr = UnsafeMutablePointer<pthread_attr_t>.allocate(capacity: 1)
+    pthread_attr_init(attr)
+    pthread_attr_setstacksize(attr, 64 << 20)
+    defer {
+        pthread_attr_destroy(attr)
+        attr.deallocate()
+    }
+    let rc = pthread_create(&tid, attr, { arg in
         let box = Unmanaged<AnyObject>.fromOpaque(arg!).takeRetainedValue() as! Box
         box.body()
         return nil

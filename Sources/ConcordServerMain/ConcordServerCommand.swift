@@ -74,7 +74,7 @@ struct ConcordServerCommand: ParsableCommand {
         if threads < 1 || threads > 256 { throw ValidationError("--threads must be between 1 and 256") }
         if idKey.isEmpty { throw ValidationError("--id-key must not be empty") }
         if maxLineBytes < 64 { throw ValidationError("--max-line-bytes must be at least 64") }
-        if maxDepth < 2 || maxDepth > 100_000 { throw ValidationError("--max-depth must be between 2 and 100000") }
+        if maxDepth < 2 || maxDepth > 10_000 { throw ValidationError("--max-depth must be between 2 and 10000") }
         if maxSubscriptionsPerConnection < 1 { throw ValidationError("--max-subscriptions-per-connection must be at least 1") }
         if maxOutputBytes < 4096 { throw ValidationError("--max-output-bytes must be at least 4096") }
         if UInt32(socketMode, radix: 8) == nil { throw ValidationError("--socket-mode must be an octal mode such as 0600") }
