@@ -123,7 +123,7 @@ func runWriters(_ system: any System, writers: Int, channels: Range<Int>, durati
                     let due = Int(perWriter * Double(nowNanos() - start) / 1e9)
                     if due > sent {
                         var buf: [UInt8] = []
-                        for _ in sent..<due { buf += system.publish(Int.random(in: channels, using: &rng), stamp: nowNanos()) }
+                        for k in sent..<due { buf += system.publish(Int.random(in: channels, using: &rng), stamp: nowNanos(), unique: w << 40 | k) }
                         c.write(buf)
                         sent = due
                     }
@@ -133,7 +133,7 @@ func runWriters(_ system: any System, writers: Int, channels: Range<Int>, durati
             } else {
                 while nowNanos() < end {
                     var buf: [UInt8] = []
-                    for _ in 0..<window { buf += system.publish(Int.random(in: channels, using: &rng), stamp: nowNanos()) }
+                    for k in 0..<window { buf += system.publish(Int.random(in: channels, using: &rng), stamp: nowNanos(), unique: w << 40 | (sent + k)) }
                     c.write(buf)
                     // Every reply is one line for Concord and one ":n" line for Redis.
                     c.skipLines(window)
@@ -141,7 +141,6 @@ func runWriters(_ system: any System, writers: Int, channels: Range<Int>, durati
                 }
             }
             counts.add(events: sent)
-            _ = w
             group.leave()
         }.start()
     }

@@ -8,8 +8,10 @@ protocol System: Sendable {
     func prepare(channels: Int, offset: Int) throws
     /// The bytes that subscribe one connection to channels `range`.
     func subscribe(_ range: Range<Int>, model: Bool) -> (bytes: [UInt8], replies: Int)
-    /// The bytes that publish/update channel `i` with a ~200-byte JSON payload stamped `t`.
-    func publish(_ i: Int, stamp: UInt64) -> [UInt8]
+    /// The bytes that publish/update channel `i` with a ~200-byte JSON payload
+    /// stamped `t`; `unique` makes every update a real change (Concord sends
+    /// nothing for an update that changes nothing; Redis would still deliver it).
+    func publish(_ i: Int, stamp: UInt64, unique: Int) -> [UInt8]
     /// Pattern that marks one delivered event in a subscriber's stream.
     var eventMarker: String { get }
     /// Allocator-side bytes in use (Concord: jemalloc allocated; Redis: used_memory).
@@ -18,8 +20,8 @@ protocol System: Sendable {
     func readReplies(_ c: Conn, _ n: Int)
 }
 
-func payload(_ id: String, _ stamp: UInt64) -> String {
-    #"{"id":"\#(id)","t":\#(stamp),"name":"Ada Lovelace","title":"Analyst","bio":"First to publish an algorithm intended for a machine; notes on the Analytical Engine.","tags":["math","poetry"],"v":1}"#
+func payload(_ id: String, _ stamp: UInt64, _ unique: Int = 0) -> String {
+    #"{"id":"\#(id)","t":\#(stamp),"name":"Ada Lovelace","title":"Analyst","bio":"First to publish an algorithm intended for a machine; notes on the Analytical Engine.","tags":["math","poetry"],"v":\#(unique)}"#
 }
 
 struct ConcordSystem: System {
@@ -55,8 +57,8 @@ struct ConcordSystem: System {
         return (buf, range.count)
     }
 
-    func publish(_ i: Int, stamp: UInt64) -> [UInt8] {
-        Array((#"{"op":"update","model":\#(payload("E:\(i)", stamp))}"# + "\n").utf8)
+    func publish(_ i: Int, stamp: UInt64, unique: Int) -> [UInt8] {
+        Array((#"{"op":"update","model":\#(payload("E:\(i)", stamp, unique))}"# + "\n").utf8)
     }
 
     var eventMarker: String { #""event":"# }
@@ -90,8 +92,8 @@ struct RedisSystem: System {
         return (buf, range.count)
     }
 
-    func publish(_ i: Int, stamp: UInt64) -> [UInt8] {
-        resp(["PUBLISH", "ch\(i)", payload("E:\(i)", stamp)])
+    func publish(_ i: Int, stamp: UInt64, unique: Int) -> [UInt8] {
+        resp(["PUBLISH", "ch\(i)", payload("E:\(i)", stamp, unique)])
     }
 
     var eventMarker: String { "$7\r\nmessage\r\n" }
