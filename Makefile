@@ -1,6 +1,6 @@
 # Concord: `make run` starts the server, `make test` runs the whole suite.
 SHELL := /bin/bash
-APT_PACKAGES := libuv1-dev libjemalloc-dev libsqlite3-dev pkg-config
+APT_PACKAGES := libuv1-dev libjemalloc-dev libsqlite3-dev pkg-config gcc
 SOCKET ?= $(if $(CONCORD_SOCKET),$(CONCORD_SOCKET),/tmp/concord.sock)
 SWIFT_TEST_FLAGS ?=
 
