@@ -100,11 +100,11 @@ final class Store {
 
     /// Forgets the journal: the running mutation is committed.
     func commit() {
-        entityJournal.removeAll(keepingCapacity: true)
-        documentJournal.removeAll(keepingCapacity: true)
-        collectionUndo.removeAll(keepingCapacity: true)
-        collectionChanges.removeAll(keepingCapacity: true)
-        touchedCollections.removeAll(keepingCapacity: true)
+        if !entityJournal.isEmpty { entityJournal.removeAll(keepingCapacity: true) }
+        if !documentJournal.isEmpty { documentJournal.removeAll(keepingCapacity: true) }
+        if !collectionUndo.isEmpty { collectionUndo.removeAll(keepingCapacity: true) }
+        if !collectionChanges.isEmpty { collectionChanges.removeAll(keepingCapacity: true) }
+        if !touchedCollections.isEmpty { touchedCollections.removeAll(keepingCapacity: true) }
     }
 
     /// Undoes everything since the last `commit`.
@@ -150,6 +150,8 @@ final class Store {
     /// Results of `prepareUpdate`: the new versions, not yet written.
     struct PreparedUpdate {
         var order: [String]
+        /// `order` as a set (computed once: the store and the views both need it).
+        var ids: Set<String>
         /// New materialized value per entity of the update.
         var values: [String: JSON]
         /// Merge mode: each entity as the update gave it (nested partials resolved).
@@ -167,7 +169,7 @@ final class Store {
         // With each identity once, every nested occurrence already is its winner.
         let resolved = repeated ? tree.resolve(winners, order: order) : winners
         guard mode == .merge else {
-            return PreparedUpdate(order: order, values: resolved, partials: nil, mode: mode, force: force, key: key, model: model)
+            return PreparedUpdate(order: order, ids: Set(order), values: resolved, partials: nil, mode: mode, force: force, key: key, model: model)
         }
         // Merge: members present in the update win, absent ones are kept from
         // the stored record; nested entities merge by identity on their own.
@@ -192,7 +194,7 @@ final class Store {
         if let (a, b) = findCycle(newValues: merged) {
             throw ProtocolError(.badRequest, "merge would make entity '\(clipID(a))' contain itself through '\(clipID(b))'")
         }
-        return PreparedUpdate(order: order, values: merged, partials: resolved, mode: mode, force: force, key: key, model: model)
+        return PreparedUpdate(order: order, ids: Set(order), values: merged, partials: resolved, mode: mode, force: force, key: key, model: model)
     }
 
     private func findCycle(newValues: [String: JSON]) -> (String, String)? {
@@ -226,7 +228,7 @@ final class Store {
             }
             setEntity(id, newValue)
         }
-        let written = Set(u.order)
+        let written = u.ids
         propagate(from: change.valueChanged, skipping: written, deleted: [], into: &change)
         if u.force {
             change.recordChanged.formUnion(written)
