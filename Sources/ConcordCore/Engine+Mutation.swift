@@ -46,6 +46,7 @@ extension Engine {
 
         var effects: [ViewEffect] = []
         var change = StoreChange()
+        store.trackRecordChanges = !feeds.isEmpty
         var index = 0
         do throws(ProtocolError) {
             for (i, op) in ops.enumerated() {

@@ -80,6 +80,8 @@ final class Store {
     /// log rather than first-touch copies: copying a 100k-item list to edit
     /// one index would make every edit O(n).
     var collectionUndo: [CollectionUndo] = []
+    /// Whether `StoreChange.recordChanged` is needed (there are feed subscriptions).
+    var trackRecordChanges = true
     /// Collections the running mutation created, edited or dropped.
     var touchedCollections: Set<String> = []
     /// The running mutation's changes per collection, in order.
@@ -220,8 +222,12 @@ final class Store {
             guard let newValue = u.values[id] else { continue }
             let old = entities[id]?.value
             if let old {
-                if !tree.sameRecord(old, newValue) { change.recordChanged.insert(id) }
-                if old != newValue { change.valueChanged.insert(id) }
+                // Equal values have equal records; the record comparison only
+                // matters to feed subscriptions.
+                if old != newValue {
+                    change.valueChanged.insert(id)
+                    if trackRecordChanges && !tree.sameRecord(old, newValue) { change.recordChanged.insert(id) }
+                }
             } else {
                 change.recordChanged.insert(id)
                 change.valueChanged.insert(id)
