@@ -255,13 +255,14 @@ public final class Engine {
     }
 
     func respond(_ c: Client, rid: JSON, _ body: (inout JSONWriter) -> Void) {
-        var w = JSONWriter(capacity: 64)
-        w.raw("{\"rid\":")
-        w.value(rid)
-        w.raw(",\"ok\":true")
-        body(&w)
-        w.raw("}\n")
-        c.output.append(w.bytes)
+        // Straight into the connection's own output buffer: no temporary array.
+        c.output.write { w in
+            w.raw("{\"rid\":")
+            w.value(rid)
+            w.raw(",\"ok\":true")
+            body(&w)
+            w.raw("}\n")
+        }
         markDirty(c)
     }
 
