@@ -80,9 +80,12 @@ let package = Package(
             path: "Benchmarks/ConcordLoad", swiftSettings: swiftSettings
         ),
 
+        // Helpers shared by the test targets (not a product).
+        .target(name: "ConcordTestSupport", dependencies: ["ConcordJSON"], path: "Tests/ConcordTestSupport", swiftSettings: swiftSettings),
+
         .testTarget(name: "ConcordJSONTests", dependencies: ["ConcordJSON"], swiftSettings: swiftSettings),
         .testTarget(name: "ConcordProtocolTests", dependencies: ["ConcordProtocol", "ConcordJSON"], swiftSettings: swiftSettings),
-        .testTarget(name: "ConcordCoreTests", dependencies: ["ConcordCore", "ConcordProtocol", "ConcordJSON"], swiftSettings: swiftSettings),
+        .testTarget(name: "ConcordCoreTests", dependencies: ["ConcordCore", "ConcordProtocol", "ConcordJSON", "ConcordTestSupport"], swiftSettings: swiftSettings),
         .testTarget(
             name: "ConcordBackendTests",
             dependencies: ["ConcordServer", "ConcordJSON", .product(name: "Logging", package: "swift-log")],
@@ -90,7 +93,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ConcordIntegrationTests",
-            dependencies: ["ConcordJSON", "ConcordClient"],
+            dependencies: ["ConcordJSON", "ConcordClient", "ConcordTestSupport"],
             swiftSettings: swiftSettings
         ),
     ]

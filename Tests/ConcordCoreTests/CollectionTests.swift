@@ -1,37 +1,8 @@
 import ConcordJSON
+import ConcordTestSupport
 import Testing
 
 @testable import ConcordCore
-
-/// Applies a `collection` event's changes to a client's copy (what every subscriber does).
-func applyChanges(_ list: inout [JSON], _ event: JSON) throws {
-    for c in event["changes"]?.arrayValue ?? [] {
-        switch c["op"]?.stringValue {
-        case "insert":
-            let i = c["index"]!.numberValue!.intValue!
-            guard i >= 0 && i <= list.count else { throw ChangeError("insert index \(i) outside 0...\(list.count)") }
-            list.insert(contentsOf: c["items"]!.arrayValue!, at: i)
-        case "remove":
-            let i = c["index"]!.numberValue!.intValue!
-            let n = c["count"]!.numberValue!.intValue!
-            guard i >= 0 && n >= 1 && i + n <= list.count else { throw ChangeError("remove \(n) at \(i) from \(list.count)") }
-            list.removeSubrange(i..<(i + n))
-        case "update":
-            let i = c["index"]!.numberValue!.intValue!
-            guard i >= 0 && i < list.count else { throw ChangeError("update index \(i) outside list of \(list.count)") }
-            list[i] = c["item"]!
-        case "reset":
-            list = c["items"]!.arrayValue!
-        default:
-            throw ChangeError("unknown change \(c.compactString)")
-        }
-    }
-}
-
-struct ChangeError: Error, CustomStringConvertible {
-    let description: String
-    init(_ d: String) { description = d }
-}
 
 struct CollectionTests {
     @Test func insertAppendUpdateRemoveAreSeenBySiblingHolders() throws {
@@ -218,7 +189,7 @@ struct CollectionTests {
     /// batches and pauses included, with entity updates and deletes touching items.
     @Test(arguments: [1, 2, 3, 4, 5] as [UInt64])
     func changesAlwaysComposeToTheServersList(seed: UInt64) throws {
-        var rng = SplitMix(seed: seed)
+        var rng = SeededRandom(seed: seed)
         let h = EngineHarness()
         let w = h.connect()
         let r = h.connect()
@@ -269,17 +240,5 @@ struct CollectionTests {
                 if copies[n]! != server { return }
             }
         }
-    }
-}
-
-struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

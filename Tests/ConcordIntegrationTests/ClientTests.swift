@@ -1,5 +1,6 @@
 import ConcordClient
 import ConcordJSON
+import ConcordTestSupport
 import Foundation
 import Testing
 

@@ -1,4 +1,5 @@
 import ConcordJSON
+import ConcordTestSupport
 import Foundation
 import Testing
 

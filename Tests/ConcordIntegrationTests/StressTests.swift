@@ -1,4 +1,5 @@
 import ConcordJSON
+import ConcordTestSupport
 import Foundation
 import Testing
 
@@ -52,19 +53,6 @@ final class FailureLog: @unchecked Sendable {
     private var items: [String] = []
     func add(_ s: String) { lock.lock(); items.append(s); lock.unlock() }
     var all: [String] { lock.lock(); defer { lock.unlock() }; return items }
-}
-
-/// SplitMix64: small, seedable, good enough for test sequences.
-struct SeededRandom: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
 }
 
 /// One connection's random session and the client-side copy of its views.
@@ -367,28 +355,5 @@ struct CollectionStressTests {
             #expect(copies[n]! == server, "seed \(seed): collection \(n) diverged")
         }
         #expect(server.stop() == 0)
-    }
-}
-
-/// Applies a `collection` event's changes to a copy, as every subscriber does.
-func applyChanges(_ list: inout [JSON], _ event: JSON) throws {
-    for c in event["changes"]?.arrayValue ?? [] {
-        let index = c["index"]?.numberValue?.intValue ?? -1
-        switch c["op"]?.stringValue {
-        case "insert":
-            guard index >= 0 && index <= list.count else { throw TestFailure("insert at \(index) outside 0...\(list.count)") }
-            list.insert(contentsOf: c["items"]!.arrayValue!, at: index)
-        case "remove":
-            let n = c["count"]!.numberValue!.intValue!
-            guard index >= 0 && n >= 1 && index + n <= list.count else { throw TestFailure("remove \(n) at \(index) from \(list.count)") }
-            list.removeSubrange(index..<(index + n))
-        case "update":
-            guard index >= 0 && index < list.count else { throw TestFailure("update at \(index) outside \(list.count)") }
-            list[index] = c["item"]!
-        case "reset":
-            list = c["items"]!.arrayValue!
-        default:
-            throw TestFailure("unknown change \(c.compactString)")
-        }
     }
 }
