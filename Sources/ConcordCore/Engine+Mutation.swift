@@ -23,6 +23,7 @@ extension Engine {
             guard let s = c.subs[o] else { throw ProtocolError(.noSuchSub, "origin '\(clipID(o))' is not a live subscription of this connection") }
             origins.insert(ObjectIdentifier(s))
         }
+        checkCongestion()
         if case .clear = m {
             clearAll(c, rid: rid, context: options.context)
             return
@@ -100,6 +101,7 @@ extension Engine {
             }
             if !client.subs.isEmpty { markDirty(client) }
             client.subs = [:]
+            client.coalesced = []
         }
         modelWatchers = [:]
         keyViews = [:]
@@ -225,6 +227,7 @@ extension Engine {
         for (i, view) in models.enumerated() {
             let r = modelResults[i]
             guard let s = view.sub else { continue }
+            if let p = s.pause, p.changed { noteHeldBack(s, p) }
             if let event = r.event {
                 s.client.output.append(event)
                 markDirty(s.client)
@@ -291,6 +294,7 @@ extension Engine {
             if let p = s.pause {
                 p.changed = true
                 p.context = context
+                noteHeldBack(s, p)
                 return
             }
             if origins.contains(ObjectIdentifier(s)) { return }
@@ -308,6 +312,7 @@ extension Engine {
             }
             p.changed = true
             p.context = context
+            noteHeldBack(s, p)
             return
         }
         if origins.contains(ObjectIdentifier(s)) { return }

@@ -405,6 +405,36 @@ extension Engine {
         if !repairs.isEmpty, let p = persistence { p.items.append(.write(seq: seq, writes: repairs)) }
     }
 
+    // MARK: Waiting clients
+
+    /// True while the connection's next request waits (a read-through load, a
+    /// sync acknowledgement): its later lines must not be handed in yet.
+    public func isWaiting(_ id: ConnectionID) -> Bool { clients[id]?.isWaiting ?? false }
+
+    public var waitingClientCount: Int { persistence == nil ? 0 : clients.values.reduce(0) { $0 + ($1.isWaiting ? 1 : 0) } }
+    public var hasWaitingClients: Bool { waitingClientCount > 0 }
+
+    /// At the end of a shutdown that timed out: every waiting request is
+    /// answered now (a held acknowledgement as not durable, a parked read as
+    /// `cache_error`), and the lines behind it after it.
+    public func abandonWaits(reason: String) {
+        guard let p = persistence else { return }
+        releaseDurable(upTo: Int.max, failure: reason)
+        let tickets = p.tickets
+        p.tickets = [:]
+        for (_, ticket) in tickets {
+            for c in ticket.clients where clients[c.id] === c {
+                c.waitingTicket = nil
+                if let line = c.popBacklog() {
+                    var rid = JSON.null
+                    if case .value(.object(let o)) = line, let r = Request.rid(of: o) { rid = r }
+                    respondError(c, rid: rid, ProtocolError(.cacheError, "the cache backend did not answer a read: \(reason)"))
+                }
+                drain(c)
+            }
+        }
+    }
+
     // MARK: Backlog
 
     /// Answers queued lines until the client waits again or has none.

@@ -77,6 +77,7 @@ extension Engine {
     private func add(_ s: Subscription, to c: Client) {
         c.subs[s.name] = s
         subscriptionCount += 1
+        if c.coalescing != 0 { holdBack(s) }
     }
 
     /// Removes a subscription from every index (the caller removes it from its client).
@@ -115,72 +116,86 @@ extension Engine {
 
     // MARK: Pause and resume
 
-    func pause(_ s: Subscription) {
-        guard !s.paused else { return }
+    /// What the subscriber was last sent, kept so a later catch-up can be
+    /// computed from it (model views keep `lastSent` themselves).
+    func baseline(_ s: Subscription) -> PauseState {
         let state = PauseState()
         switch s.kind {
         case .key(let view): state.document = view.value
         case .collection(let view): state.items = store.collectionItems(view.name)
         default: break
         }
-        // Model views need nothing: `lastSent` already holds what the client has.
+        return state
+    }
+
+    func pause(_ s: Subscription) {
+        if let p = s.pause {
+            p.byUser = true
+            return
+        }
+        let state = baseline(s)
+        state.byUser = true
         s.pause = state
     }
 
     /// Sends at most one event taking the subscriber from what it last got to now.
     func resume(_ s: Subscription) {
-        guard let state = s.pause else { return }
+        guard let state = s.pause, state.byUser else { return }
         s.pause = nil
+        writeCatchUp(s, state, coalesced: false)
+        if s.client.coalescing != 0 { holdBack(s) }
+    }
+
+    /// The event(s) a `resume` sends (§5), also what coalescing writes (§6.6).
+    func writeCatchUp(_ s: Subscription, _ state: PauseState, coalesced: Bool) {
         let c = s.client
         let context = state.changed ? state.context : nil
         switch s.kind {
         case .model(let view):
             guard view.tree != view.lastSent else { return }
-            let bytes = modelEventBytes(s, seq: seq, old: view.lastSent, new: view.tree, context: context)
+            let bytes = modelEventBytes(s, seq: seq, old: view.lastSent, new: view.tree, context: context, coalesced: coalesced)
             view.lastSent = view.tree
             c.output.append(bytes)
-            markDirty(c)
         case .key(let view):
             let base = state.document
             let now = view.value
             if base == now { return }
             var w = JSONWriter()
-            eventHeader(&w, "update", s, seq)
+            eventHeader(&w, "update", s, seq, coalesced: coalesced)
             writeDocumentBody(&w, old: base, new: now, context: context)
             c.output.append(w.bytes)
-            markDirty(c)
         case .collection(let view):
             let now = store.collectionItems(view.name)
             if now == state.items { return }
             var w = JSONWriter()
-            eventHeader(&w, "collection", s, seq)
+            eventHeader(&w, "collection", s, seq, coalesced: coalesced)
             writeCollectionBody(&w, name: view.name, changes: [.reset(items: now)], context: context)
             c.output.append(w.bytes)
-            markDirty(c)
         case .ids, .feed:
             for id in state.order {
                 let base = state.entities[id] ?? .null
                 let now = store.entity(id) ?? .null
                 if base == now { continue }
                 var w = JSONWriter()
-                eventHeader(&w, "entity", s, seq)
+                eventHeader(&w, "entity", s, seq, coalesced: coalesced)
                 writeEntityBody(&w, id: id, value: now, context: context)
                 c.output.append(w.bytes)
             }
-            markDirty(c)
         }
+        markDirty(c)
     }
 
     // MARK: Event encoding
 
     /// `{"event":"<kind>","sub":<name>,"seq":<n>` — the per-subscriber head.
-    func eventHeader(_ w: inout JSONWriter, _ event: StaticString, _ s: Subscription, _ seq: Int) {
+    func eventHeader(_ w: inout JSONWriter, _ event: StaticString, _ s: Subscription, _ seq: Int, coalesced: Bool = false) {
         w.raw("{\"event\":\"")
         w.raw(event)
         w.raw("\",\"sub\":")
         s.writeName(&w)
         w.raw(",\"seq\":")
         w.int(seq)
+        if coalesced { w.raw(",\"coalesced\":true") }
     }
 
     /// `,"model":…,"changed":[…],"deleted":[…][,"context":…]}\n`
@@ -244,9 +259,9 @@ extension Engine {
         w.raw("}\n")
     }
 
-    func modelEventBytes(_ s: Subscription, seq: Int, old: JSON, new: JSON, context: JSON?) -> [UInt8] {
+    func modelEventBytes(_ s: Subscription, seq: Int, old: JSON, new: JSON, context: JSON?, coalesced: Bool = false) -> [UInt8] {
         var w = JSONWriter(capacity: 256)
-        eventHeader(&w, "update", s, seq)
+        eventHeader(&w, "update", s, seq, coalesced: coalesced)
         writeDocumentBody(&w, old: old, new: new, context: context)
         return w.bytes
     }

@@ -1,3 +1,4 @@
+import Synchronization
 public import ConcordJSON
 public import ConcordProtocol
 
@@ -14,6 +15,11 @@ public struct EngineConfiguration: Sendable {
     public var maxLineBytes = 16 << 20
     /// Live subscriptions per connection. Default 65536.
     public var maxSubscriptionsPerConnection = 65536
+    /// Unsent output of a connection (bytes handed to the driver and not yet
+    /// written, plus bytes queued in the core) above which its subscriptions
+    /// coalesce instead of queueing every event (PROTOCOL.md §6.6). 0: never.
+    /// Default 1 MiB.
+    public var outputSoftBytes = 1 << 20
     /// Reported by `hello`.
     public var serverName = "concord-server"
     public var version = "0.1.0"
@@ -56,6 +62,10 @@ public final class Engine {
     var idWatchers: [String: [ObjectIdentifier: Subscription]] = [:]
     var feeds: [ObjectIdentifier: Subscription] = [:]
     var subscriptionCount = 0
+    /// Coalescing (§6.6): the last episode number handed out, episodes begun, coalesced events written.
+    var nextCoalescingEpisode = 0
+    var coalescingEpisodes = 0
+    var coalescedEvents = 0
 
     /// Write-behind and read-through state; nil without a cache backend.
     var persistence: PersistenceState?
@@ -77,8 +87,9 @@ public final class Engine {
 
     // MARK: Connections
 
-    public func open(_ id: ConnectionID) {
-        clients[id] = Client(id: id)
+    /// A new connection. `flow` is shared with the driver (see ``ConnectionFlow``).
+    public func open(_ id: ConnectionID, flow: ConnectionFlow = ConnectionFlow()) {
+        clients[id] = Client(id: id, flow: flow)
     }
 
     /// Ends every subscription of the connection; nothing of it stays behind.
@@ -96,8 +107,14 @@ public final class Engine {
         out.reserveCapacity(dirtyClients.count)
         for c in dirtyClients {
             c.dirty = false
+            let bytes = c.output.byteCount
             let segs = c.output.take()
-            if !segs.isEmpty { out.append((c.id, segs)) }
+            guard !segs.isEmpty else { continue }
+            out.append((c.id, segs))
+            let unsent = c.flow.unsent.add(bytes, ordering: .relaxed).newValue
+            if c.coalescing == 0, configuration.outputSoftBytes > 0, unsent > configuration.outputSoftBytes, clients[c.id] === c {
+                beginCoalescing(c)
+            }
         }
         dirtyClients.removeAll(keepingCapacity: true)
         return out
@@ -148,6 +165,8 @@ public final class Engine {
     }
 
     func process(_ parsed: ParsedLine, _ c: Client) {
+        // Events held back before this request are written before its response (§6.6).
+        if !c.coalesced.isEmpty { flushCoalesced(c) }
         let value: JSON
         switch parsed {
         case .failure(let e):
@@ -255,6 +274,8 @@ public final class Engine {
     }
 
     func respond(_ c: Client, rid: JSON, _ body: (inout JSONWriter) -> Void) {
+        // A response follows every event it must follow; coalesced ones too (§6.6).
+        if !c.coalesced.isEmpty { flushCoalesced(c) }
         // Straight into the connection's own output buffer: no temporary array.
         c.output.write { w in
             w.raw("{\"rid\":")
@@ -267,6 +288,7 @@ public final class Engine {
     }
 
     func respondError(_ c: Client, rid: JSON, _ e: ProtocolError) {
+        if !c.coalesced.isEmpty { flushCoalesced(c) }
         var w = JSONWriter(capacity: 96)
         w.raw("{\"rid\":")
         w.value(rid)
@@ -289,6 +311,9 @@ public final class Engine {
             w.key("documents"); w.int(store.documents.count)
             w.key("collections"); w.int(store.collections.count)
             w.key("seq"); w.int(seq)
+            w.key("coalescing"); w.int(clients.values.reduce(0) { $0 + ($1.coalescing != 0 ? 1 : 0) })
+            w.key("coalescing_episodes"); w.int(coalescingEpisodes)
+            w.key("coalesced_events"); w.int(coalescedEvents)
             w.key("memory"); w.value(memory)
             w.key("cache"); w.value(cache)
         }

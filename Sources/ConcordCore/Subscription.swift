@@ -1,7 +1,16 @@
 import ConcordJSON
 
-/// What a paused subscription remembers until it resumes.
+/// What a paused subscription remembers until it resumes — paused by its
+/// client (`pause`), or held back because its connection is not reading fast
+/// enough (PROTOCOL.md §6.6: coalescing). Both keep exactly what a `resume`
+/// would send; a subscription can be both at once.
 final class PauseState {
+    /// Paused by the client's `pause`.
+    var byUser = false
+    /// Held back while its connection coalesces.
+    var byCongestion = false
+    /// Listed in its client's `coalesced` (changed while coalescing).
+    var listed = false
     /// Set when the view changed while paused; `context` is then the context
     /// of the last such mutation (nil when it had none).
     var changed = false
@@ -29,8 +38,17 @@ final class Client {
     var waitingTicket: Int?
     var waitingDurable: Int?
     var heldResponse: (rid: JSON, bytes: [UInt8])?
+    /// Shared with the driver: bytes it has not written yet, bytes it read that we did not take.
+    let flow: ConnectionFlow
+    /// Non-zero while this connection's events are coalesced (§6.6): the episode number.
+    var coalescing = 0
+    /// Subscriptions that changed while coalescing (each listed once).
+    var coalesced: [Subscription] = []
 
-    init(id: ConnectionID) { self.id = id }
+    init(id: ConnectionID, flow: ConnectionFlow) {
+        self.id = id
+        self.flow = flow
+    }
 
     var isWaiting: Bool { waitingTicket != nil || waitingDurable != nil }
 

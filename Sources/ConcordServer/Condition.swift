@@ -24,6 +24,14 @@ final class Condition: @unchecked Sendable {
     func unlock() { pthread_mutex_unlock(mutex) }
     /// Waits for a signal; call with the lock held.
     func wait() { pthread_cond_wait(cond, mutex) }
+    /// Waits for a signal or until `seconds` have passed; call with the lock held.
+    func wait(seconds: Double) {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        let ns = Int(now.tv_nsec) + Int(seconds * 1e9)
+        var deadline = timespec(tv_sec: now.tv_sec + ns / 1_000_000_000, tv_nsec: ns % 1_000_000_000)
+        _ = pthread_cond_timedwait(cond, mutex, &deadline)
+    }
     func signal() { pthread_cond_signal(cond) }
     func broadcast() { pthread_cond_broadcast(cond) }
 
@@ -63,4 +71,11 @@ func startThread(name: String, _ body: @escaping @Sendable () -> Void) {
     }, box)
     precondition(rc == 0, "pthread_create failed: \(rc)")
     pthread_detach(tid)
+}
+
+/// Seconds on a clock that never goes back (for deadlines and backoff).
+func monotonicSeconds() -> Double {
+    var t = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return Double(t.tv_sec) + Double(t.tv_nsec) / 1e9
 }

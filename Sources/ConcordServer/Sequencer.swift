@@ -1,30 +1,47 @@
 import ConcordCore
 import ConcordProtocol
 import Logging
+import Synchronization
 
-/// The core's own thread: takes what the loop read, in arrival order, runs
-/// it through the ``Engine`` (which fans view work out to the worker pool),
-/// and hands the resulting bytes back to the loop in one batch per wake-up.
+/// The core's own thread: takes what the loop read, runs it through the
+/// ``Engine`` (which fans view work out to the worker pool), and hands the
+/// resulting bytes back to the loop in one batch per turn.
 ///
 /// One thread applies every request, so there is one total order of
 /// mutations (`seq`) and every connection's output is produced in request
 /// order: §6 holds by construction, whatever the number of workers.
+///
+/// Fairness and bounds: lines wait in one lane per connection; a turn takes
+/// at most `linesPerTurn` lines from each lane, round-robin, so one client
+/// that pipelines a million requests cannot hold a turn while others wait.
+/// Bytes in the lanes are counted (per connection and in all) in atomics the
+/// loop reads to stop reading a connection, or every connection, while the
+/// core is behind: the inbox is bounded in bytes and nothing is ever dropped.
 final class Sequencer: @unchecked Sendable {
-    // Sendable: `inbox` is guarded by `condition`; `engine` is only touched
-    // by the sequencer thread once `start()` has run.
+    // Sendable: `inbox` is guarded by `condition`; `engine`, `lanes` and the
+    // shutdown state are only touched by the sequencer thread once `start()`
+    // has run; `inboxBytes` is atomic.
     enum Input {
-        case open(ConnectionID)
+        case open(ConnectionID, ConnectionFlow)
         case close(ConnectionID)
-        case frames(ConnectionID, [LineFramer.Frame])
+        case frames(ConnectionID, [LineFramer.Frame], bytes: Int)
+        /// The loop wrote a coalescing connection's output down (§6.6).
+        case drained(ConnectionID, episode: Int)
         case storage(StorageThread.Event)
         case shutdown
     }
 
-    /// What the sequencer hands the loop after each batch.
+    /// What the sequencer hands the loop after each turn.
     struct Delivery {
         var outputs: [(ConnectionID, [OutputChunk])]
+        /// Everything read before the shutdown signal has been answered.
         var drained: Bool
+        /// Lines were taken from the lanes: stalled connections may read again.
+        var inputTaken: Bool
     }
+
+    /// Bytes of lines read by the loop and not yet handed to the engine, all connections.
+    let inboxBytes = Atomic<Int>(0)
 
     private let condition = Condition()
     private var inbox: [Input] = []
@@ -33,13 +50,37 @@ final class Sequencer: @unchecked Sendable {
     private let logger: Logger
     private let deliver: @Sendable (Delivery) -> Void
     private let statsSource: ServerStatsSource
+    private let linesPerTurn: Int
+    private let shutdownTimeout: Double
     private var storage: StorageThread?
+
+    /// One connection's lines, not yet handed to the engine.
+    private final class Lane {
+        let id: ConnectionID
+        let flow: ConnectionFlow
+        var frames: [LineFramer.Frame] = []
+        var head = 0
+        /// The connection closed: close it in the engine once its lines are answered.
+        var closeAfter = false
+        var queued: Bool { head < frames.count }
+        init(id: ConnectionID, flow: ConnectionFlow) {
+            self.id = id
+            self.flow = flow
+        }
+    }
+    private var lanes: [ConnectionID: Lane] = [:]
+    /// Lanes with lines, in the order they got them (round-robin order).
+    private var ready: [Lane] = []
+    private var shutdownDeadline: Double?
+    private var drainedSent = false
 
     init(configuration: ServerConfiguration, logger: Logger, deliver: @escaping @Sendable (Delivery) -> Void) {
         pool = WorkerPool(threads: configuration.threads, inlineBelow: configuration.parallelThreshold)
         engine = Engine(configuration: configuration.engine, executor: pool)
         statsSource = ServerStatsSource()
         engine.statsSource = statsSource
+        linesPerTurn = max(1, configuration.linesPerTurn)
+        shutdownTimeout = configuration.shutdownTimeout
         self.logger = logger
         self.deliver = deliver
     }
@@ -74,36 +115,99 @@ final class Sequencer: @unchecked Sendable {
         startThread(name: "concord-seq") { [self] in self.run() }
     }
 
+    private var hasRunnableLane: Bool {
+        for lane in ready where lane.queued && !engine.isWaiting(lane.id) { return true }
+        return false
+    }
+
     private func run() {
         var batch: [Input] = []
         while true {
             condition.lock()
-            while inbox.isEmpty { condition.wait() }
+            while inbox.isEmpty && !hasRunnableLane {
+                if shutdownDeadline != nil && !drainedSent {
+                    condition.wait(seconds: 0.05)
+                    break
+                }
+                condition.wait()
+            }
             swap(&batch, &inbox)
             condition.unlock()
-            let drained = process(batch)
+            for input in batch { accept(input) }
             batch.removeAll(keepingCapacity: true)
+            let taken = turn()
+            let drained = checkShutdown()
             if engine.memoryLimit > 0 {
                 let n = engine.evictIfOverLimit(bytesInUse: AllocatorStats.allocatedBytes)
                 if n > 0 { logger.debug("evicted records over the memory limit", metadata: ["concord.evicted": "\(n)"]) }
             }
             if let storage { storage.submit(engine.takeStorageItems()) }
             let outputs = engine.takeOutput()
-            if !outputs.isEmpty || drained {
-                deliver(Delivery(outputs: outputs, drained: drained))
+            if !outputs.isEmpty || drained || taken {
+                deliver(Delivery(outputs: outputs, drained: drained, inputTaken: taken))
             }
         }
     }
 
-    /// Runs one batch; true when it held the shutdown marker.
-    private func process(_ batch: [Input]) -> Bool {
-        // Parse every line of the batch first, in parallel when there are many.
-        var lines: [[UInt8]] = []
-        for input in batch {
-            if case .frames(_, let frames) = input {
-                for f in frames { if case .line(let l) = f { lines.append(l) } }
+    /// Control inputs act at once; lines join their connection's lane.
+    private func accept(_ input: Input) {
+        switch input {
+        case .open(let id, let flow):
+            lanes[id] = Lane(id: id, flow: flow)
+            engine.open(id, flow: flow)
+        case .close(let id):
+            guard let lane = lanes[id] else { return }
+            if lane.queued {
+                lane.closeAfter = true
+            } else {
+                lanes[id] = nil
+                engine.close(id)
             }
+        case .frames(let id, let frames, _):
+            guard let lane = lanes[id] else { return }
+            if !lane.queued { ready.append(lane) }
+            lane.frames.append(contentsOf: frames)
+        case .drained(let id, let episode):
+            engine.outputDrained(id, episode: episode)
+        case .storage(let event):
+            switch event {
+            case .committed(let seq): engine.storageCommitted(through: seq)
+            case .failed(let seq, let message): engine.storageFailed(through: seq, message: message)
+            case .loaded(let result): engine.install(result)
+            }
+        case .shutdown:
+            if shutdownDeadline == nil { shutdownDeadline = monotonicSeconds() + shutdownTimeout }
         }
+    }
+
+    static func frameBytes(_ f: LineFramer.Frame) -> Int {
+        if case .line(let l) = f { return l.count + 1 }
+        return 1
+    }
+
+    /// Takes a fair share of every runnable lane, parses it (in parallel when
+    /// there are many lines) and answers it in order. Returns true when lines were taken.
+    private func turn() -> Bool {
+        guard !ready.isEmpty else { return false }
+        var picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []
+        var lines: [[UInt8]] = []
+        var bytesTaken = 0
+        for lane in ready where lane.queued && !engine.isWaiting(lane.id) {
+            let end = min(lane.frames.count, lane.head + linesPerTurn)
+            let slice = lane.frames[lane.head..<end]
+            lane.head = end
+            var bytes = 0
+            for f in slice {
+                bytes += Self.frameBytes(f)
+                if case .line(let l) = f { lines.append(l) }
+            }
+            lane.flow.unprocessed.subtract(bytes, ordering: .relaxed)
+            bytesTaken += bytes
+            picked.append((lane, slice))
+        }
+        guard !picked.isEmpty else { return false }
+        inboxBytes.subtract(bytesTaken, ordering: .relaxed)
+
         var parsed = [Engine.ParsedLine?](repeating: nil, count: lines.count)
         if lines.count >= pool.inlineBelow {
             let parser = engine.lineParser
@@ -115,41 +219,63 @@ final class Sequencer: @unchecked Sendable {
         } else {
             for i in lines.indices { parsed[i] = Engine.parse(lines[i], parser: engine.lineParser) }
         }
-
         var next = 0
-        var drained = false
-        for input in batch {
-            switch input {
-            case .open(let id):
-                engine.open(id)
-            case .close(let id):
-                engine.close(id)
-            case .frames(let id, let frames):
-                for f in frames {
-                    switch f {
-                    case .line:
-                        engine.handle(parsed[next]!, from: id)
-                        next += 1
-                    case .tooLarge:
-                        engine.handleTooLarge(from: id)
-                    }
+        for (lane, slice) in picked {
+            for f in slice {
+                switch f {
+                case .line:
+                    engine.handle(parsed[next]!, from: lane.id)
+                    next += 1
+                case .tooLarge:
+                    engine.handleTooLarge(from: lane.id)
                 }
-            case .storage(let event):
-                switch event {
-                case .committed(let seq): engine.storageCommitted(through: seq)
-                case .failed(let seq, let message): engine.storageFailed(through: seq, message: message)
-                case .loaded(let result): engine.install(result)
-                }
-            case .shutdown:
-                engine.isShuttingDown = true
-                drained = true
-                let c = engine.counts
-                logger.info("core drained", metadata: [
-                    "concord.seq": "\(engine.seq)", "concord.entities": "\(c.entities)",
-                    "concord.documents": "\(c.documents)",
-                ])
             }
         }
-        return drained
+        // Compact the lanes; a lane that emptied leaves the round-robin list
+        // (and the connection, if it closed meanwhile).
+        var stillReady: [Lane] = []
+        stillReady.reserveCapacity(ready.count)
+        for lane in ready {
+            if lane.queued {
+                if lane.head > 4096 && lane.head * 2 > lane.frames.count {
+                    lane.frames.removeFirst(lane.head)
+                    lane.head = 0
+                }
+                stillReady.append(lane)
+            } else {
+                lane.frames.removeAll(keepingCapacity: lane.frames.capacity <= 1024)
+                lane.head = 0
+                if lane.closeAfter {
+                    lanes[lane.id] = nil
+                    engine.close(lane.id)
+                }
+            }
+        }
+        ready = stillReady
+        return true
+    }
+
+    /// True once, when everything read before the shutdown signal was answered
+    /// (or the shutdown timeout passed, when whatever waits is answered anyway).
+    private func checkShutdown() -> Bool {
+        guard let deadline = shutdownDeadline, !drainedSent else { return false }
+        let idle = !ready.contains { $0.queued } && !engine.hasWaitingClients
+        if !idle {
+            guard monotonicSeconds() >= deadline else { return false }
+            logger.warning("shutdown timeout: answering what still waits without it", metadata: [
+                "concord.waiting_clients": "\(engine.waitingClientCount)",
+            ])
+            engine.isShuttingDown = true
+            engine.abandonWaits(reason: "the server is shutting down")
+            while turn() {}
+        }
+        engine.isShuttingDown = true
+        drainedSent = true
+        let c = engine.counts
+        logger.info("core drained", metadata: [
+            "concord.seq": "\(engine.seq)", "concord.entities": "\(c.entities)",
+            "concord.documents": "\(c.documents)",
+        ])
+        return true
     }
 }

@@ -2,6 +2,7 @@ import CLibUV
 import ConcordCore
 import ConcordProtocol
 import Logging
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -54,10 +55,23 @@ final class Connection {
     let id: ConnectionID
     let pipe: UnsafeMutablePointer<uv_pipe_t>
     var framer: LineFramer
+    let flow = ConnectionFlow()
     var closing = false
-    /// Close once the last queued write completes (shutdown).
+    /// Close once the last queued write completes (shutdown, or over the hard limit).
     var closeWhenFlushed = false
-    var pendingWrites = 0
+    var closeReason = ""
+    /// Output handed over by the core, waiting for the write in flight.
+    var queued: [OutputChunk] = []
+    var queuedBytes = 0
+    /// The one write in flight (whole lines only, so a close never cuts a line).
+    var inFlight: WriteContext?
+    var reading = false
+    /// Unfinished-line bytes this connection's framer holds, as last counted.
+    var unfinished = 0
+    /// The coalescing episode whose drain was last reported to the core.
+    var drainReported = 0
+    /// Seconds spent over the hard limit with a write that does not finish.
+    var overflowTicks = 0
 
     init(id: ConnectionID, pipe: UnsafeMutablePointer<uv_pipe_t>, maxLineBytes: Int) {
         self.id = id
@@ -67,6 +81,9 @@ final class Connection {
 
     var stream: UnsafeMutablePointer<uv_stream_t> { UnsafeMutableRawPointer(pipe).assumingMemoryBound(to: uv_stream_t.self) }
     var handle: UnsafeMutablePointer<uv_handle_t> { UnsafeMutableRawPointer(pipe).assumingMemoryBound(to: uv_handle_t.self) }
+
+    /// Bytes not yet taken by the socket: the queue plus what libuv still holds of the write in flight.
+    var unsentNow: Int { queuedBytes + uv_stream_get_write_queue_size(stream) }
 }
 
 /// Keeps a write's buffers alive until libuv is done with them.
@@ -74,14 +91,18 @@ final class WriteContext {
     let connection: Connection
     let segments: [OutputChunk]
     let bufs: UnsafeMutablePointer<uv_buf_t>
+    let byteCount: Int
 
     init(connection: Connection, segments: [OutputChunk]) {
         self.connection = connection
         self.segments = segments
         bufs = .allocate(capacity: max(segments.count, 1))
+        var n = 0
         for (i, s) in segments.enumerated() {
             bufs[i] = uv_buf_t(base: UnsafeMutablePointer(mutating: s.base.assumingMemoryBound(to: CChar.self)), len: s.count)
+            n += s.count
         }
+        byteCount = n
     }
 
     deinit { bufs.deallocate() }
@@ -97,6 +118,14 @@ public final class Server {
     private let wakeHandle: UnsafeMutablePointer<uv_async_t>
     private var signalHandles: [UnsafeMutablePointer<uv_signal_t>] = []
     private var drainTimer: UnsafeMutablePointer<uv_timer_t>?
+    private var overflowTimer: UnsafeMutablePointer<uv_timer_t>?
+    /// Connections not being read (flow control), to look at again when something drains.
+    private var stalled: [ConnectionID: Connection] = [:]
+    /// Bytes of unfinished lines held by all framers, and who may exceed the budget.
+    private var unfinishedTotal = 0
+    private var lineGrant: ConnectionID?
+    /// Accepts that failed in the current episode (EMFILE and the like).
+    private var acceptFailures = 0
     private let bridge: Bridge
     private var sequencer: Sequencer!
     private var connections: [ConnectionID: Connection] = [:]
@@ -157,6 +186,9 @@ public final class Server {
             "concord.id_key": "\(configuration.engine.idKey)",
             "concord.max_line_bytes": "\(configuration.engine.maxLineBytes)",
             "concord.max_output_bytes": "\(configuration.maxOutputBytes)",
+            "concord.output_soft_bytes": "\(configuration.engine.outputSoftBytes)",
+            "concord.max_input_bytes": "\(configuration.maxInputBytes)",
+            "concord.max_inbox_bytes": "\(configuration.maxInboxBytes)",
             "concord.cache": "\(configuration.cache)",
             "concord.durability": "\(configuration.durability.rawValue)",
             "concord.memory_limit": "\(configuration.memoryLimit)",
@@ -176,6 +208,19 @@ public final class Server {
             throw StartupError(description: "socket path is \(path.utf8.count) bytes; Unix sockets allow at most 107: \(path)")
         }
         var st = stat()
+        let dir = path.contains("/") ? String(path[..<path.lastIndex(of: "/")!]) : "."
+        if !dir.isEmpty {
+            var ds = stat()
+            if stat(dir, &ds) != 0 {
+                throw StartupError(description: "the socket's directory \(dir) does not exist (create it, or choose another --socket)")
+            }
+            if (ds.st_mode & S_IFMT) != S_IFDIR {
+                throw StartupError(description: "\(dir) is not a directory; cannot create the socket \(path) in it")
+            }
+            if access(dir, W_OK | X_OK) != 0 {
+                throw StartupError(description: "no permission to create the socket in \(dir): \(String(cString: strerror(errno)))")
+            }
+        }
         guard lstat(path, &st) == 0 else { return }
         guard (st.st_mode & S_IFMT) == S_IFSOCK else {
             throw StartupError(description: "\(path) exists and is not a socket; refusing to replace it")
@@ -232,34 +277,92 @@ public final class Server {
     // MARK: Connections
 
     fileprivate func accept(status: Int32) {
-        guard status >= 0, !shuttingDown else { return }
+        guard !shuttingDown else { return }
+        guard status >= 0 else {
+            // EMFILE/ENFILE: libuv has already accepted and closed the pending
+            // connection (its reserve-fd trick). Log once per episode.
+            noteAcceptFailure(status)
+            return
+        }
         let p = UnsafeMutablePointer<uv_pipe_t>.allocate(capacity: 1)
         uv_pipe_init(loop, p, 0)
         let rc = uv_accept(asStream(listener!), asStream(p))
         guard rc == 0 else {
-            logger.error("accept failed", metadata: ["concord.error": "\(uvErrorName(Int(rc)))"])
+            noteAcceptFailure(rc)
             uv_close(asHandle(p)) { h in h?.deallocate() }
             return
+        }
+        if acceptFailures > 0 {
+            logger.notice("accepting connections again", metadata: ["concord.refused": "\(acceptFailures)"])
+            acceptFailures = 0
         }
         let conn = Connection(id: nextID, pipe: p, maxLineBytes: configuration.engine.maxLineBytes)
         nextID += 1
         connections[conn.id] = conn
         uv_handle_set_data(conn.handle, Unmanaged.passRetained(conn).toOpaque())
-        sequencer.submit(.open(conn.id))
+        sequencer.submit(.open(conn.id, conn.flow))
         logger.info("connection opened", metadata: ["concord.conn.id": "\(conn.id)"])
-        uv_read_start(conn.stream, { h, _, buf in
-            let server = Server.serverOf(connectionHandle: h!)
-            buf!.pointee = uv_buf_t(base: server.readBuffer.assumingMemoryBound(to: CChar.self), len: 1 << 16)
-        }, { stream, nread, buf in
-            let conn = Unmanaged<Connection>.fromOpaque(uv_handle_get_data(asHandle(stream!))!).takeUnretainedValue()
-            let server = Server.serverOf(connectionHandle: asHandle(stream!))
-            server.read(conn, nread: nread, base: buf?.pointee.base)
-        })
+        updateReading(conn)
+    }
+
+    private func noteAcceptFailure(_ status: Int32) {
+        if acceptFailures == 0 {
+            logger.error("cannot accept connections; retrying as they arrive", metadata: [
+                "concord.error": "\(uvErrorName(Int(status)))",
+                "concord.connections": "\(connections.count)",
+            ])
+        }
+        acceptFailures += 1
     }
 
     fileprivate static func serverOf(connectionHandle h: UnsafeMutablePointer<uv_handle_t>) -> Server {
         let loop = uv_handle_get_loop(h)!
         return Unmanaged<Server>.fromOpaque(uv_loop_get_data(loop)!).takeUnretainedValue()
+    }
+
+    // MARK: Flow control (reading)
+
+    /// Reads the connection while the core keeps up with it, its output
+    /// drains, the inbox has room and the unfinished-line budget allows;
+    /// stops reading it otherwise. Never drops anything: a stopped
+    /// connection's bytes wait in the kernel and its peer's writes block.
+    private func updateReading(_ conn: Connection) {
+        guard !conn.closing else { return }
+        let want = !shuttingDown && !conn.closeWhenFlushed
+            && conn.flow.unsent.load(ordering: .relaxed) <= configuration.engine.outputSoftBytes
+            && conn.flow.unprocessed.load(ordering: .relaxed) <= configuration.maxInputBytes
+            && sequencer.inboxBytes.load(ordering: .relaxed) <= configuration.maxInboxBytes
+            && lineBudgetAllows(conn)
+        if want == conn.reading { return }
+        if want {
+            stalled[conn.id] = nil
+            conn.reading = true
+            uv_read_start(conn.stream, { h, _, buf in
+                let server = Server.serverOf(connectionHandle: h!)
+                buf!.pointee = uv_buf_t(base: server.readBuffer.assumingMemoryBound(to: CChar.self), len: 1 << 16)
+            }, { stream, nread, buf in
+                let conn = Unmanaged<Connection>.fromOpaque(uv_handle_get_data(asHandle(stream!))!).takeUnretainedValue()
+                let server = Server.serverOf(connectionHandle: asHandle(stream!))
+                server.read(conn, nread: nread, base: buf?.pointee.base)
+            })
+        } else {
+            conn.reading = false
+            uv_read_stop(conn.stream)
+            if !shuttingDown { stalled[conn.id] = conn }
+        }
+    }
+
+    /// Over the unfinished-line budget, one connection at a time (the grant
+    /// holder) may go on growing its line, so some line always completes.
+    private func lineBudgetAllows(_ conn: Connection) -> Bool {
+        if conn.unfinished == 0 || unfinishedTotal <= configuration.maxUnfinishedLineBytes { return true }
+        if lineGrant == nil { lineGrant = conn.id }
+        return lineGrant == conn.id
+    }
+
+    private func recheckStalled() {
+        guard !stalled.isEmpty else { return }
+        for conn in Array(stalled.values) { updateReading(conn) }
     }
 
     private func read(_ conn: Connection, nread: Int, base: UnsafeMutablePointer<CChar>?) {
@@ -270,51 +373,97 @@ public final class Server {
         }
         guard nread > 0, let base else { return }
         var frames: [LineFramer.Frame] = []
-        conn.framer.feed(UnsafeRawBufferPointer(start: base, count: nread)) { frames.append($0) }
-        if !frames.isEmpty { sequencer.submit(.frames(conn.id, frames)) }
+        var bytes = 0
+        conn.framer.feed(UnsafeRawBufferPointer(start: base, count: nread)) { f in
+            bytes += Sequencer.frameBytes(f)
+            frames.append(f)
+        }
+        if !frames.isEmpty {
+            conn.flow.unprocessed.add(bytes, ordering: .relaxed)
+            sequencer.inboxBytes.add(bytes, ordering: .relaxed)
+            sequencer.submit(.frames(conn.id, frames, bytes: bytes))
+        }
+        let unfinished = conn.framer.bufferedBytes
+        if unfinished != conn.unfinished {
+            unfinishedTotal += unfinished - conn.unfinished
+            conn.unfinished = unfinished
+            if unfinished == 0 && lineGrant == conn.id {
+                lineGrant = nil
+                updateReading(conn)
+                recheckStalled()
+                return
+            }
+        }
+        updateReading(conn)
     }
 
     private func closeConnection(_ conn: Connection, reason: String) {
         guard !conn.closing else { return }
         conn.closing = true
         connections[conn.id] = nil
+        stalled[conn.id] = nil
+        unfinishedTotal -= conn.unfinished
+        conn.unfinished = 0
+        if lineGrant == conn.id { lineGrant = nil }
+        conn.queued = []
+        conn.queuedBytes = 0
         sequencer.submit(.close(conn.id))
         logger.info("connection closed", metadata: ["concord.conn.id": "\(conn.id)", "concord.reason": "\(reason)"])
         uv_close(conn.handle) { h in
             let conn = Unmanaged<Connection>.fromOpaque(uv_handle_get_data(h!)!).takeRetainedValue()
             conn.pipe.deallocate()
         }
+        recheckStalled()
         maybeFinish()
     }
 
     // MARK: Output
 
     fileprivate func deliveriesArrived() {
+        var tookInput = false
         for d in bridge.take() {
             for (id, segments) in d.outputs {
                 guard let conn = connections[id], !conn.closing else { continue }
-                write(conn, segments)
+                var n = 0
+                for s in segments { n += s.count }
+                if conn.closeWhenFlushed && !shuttingDown {
+                    // Over the hard limit: nothing more is queued for it.
+                    conn.flow.unsent.subtract(n, ordering: .relaxed)
+                    continue
+                }
+                conn.queued.append(contentsOf: segments)
+                conn.queuedBytes += n
+                if conn.inFlight == nil { writeQueued(conn) }
+                checkOutput(conn)
             }
+            if d.inputTaken { tookInput = true }
             if d.drained { startClosing() }
         }
+        if tookInput { recheckStalled() }
     }
 
-    private func write(_ conn: Connection, _ segments: [OutputChunk]) {
-        let ctx = WriteContext(connection: conn, segments: segments)
+    /// Starts one vectored write of everything queued.
+    private func writeQueued(_ conn: Connection) {
+        guard conn.inFlight == nil, !conn.queued.isEmpty, !conn.closing else { return }
+        let ctx = WriteContext(connection: conn, segments: conn.queued)
+        conn.queued = []
+        conn.queuedBytes = 0
         let req = UnsafeMutablePointer<uv_write_t>.allocate(capacity: 1)
         req.pointee.data = Unmanaged.passRetained(ctx).toOpaque()
-        let rc = uv_write(req, conn.stream, ctx.bufs, UInt32(segments.count)) { req, status in
+        let rc = uv_write(req, conn.stream, ctx.bufs, UInt32(ctx.segments.count)) { req, status in
             let ctx = Unmanaged<WriteContext>.fromOpaque(req!.pointee.data).takeRetainedValue()
             req!.deallocate()
             let conn = ctx.connection
-            conn.pendingWrites -= 1
+            conn.inFlight = nil
+            conn.flow.unsent.subtract(ctx.byteCount, ordering: .relaxed)
             guard !conn.closing else { return }
             let server = Server.serverOf(connectionHandle: conn.handle)
             if status < 0 {
                 server.closeConnection(conn, reason: "write failed: \(uvErrorName(Int(status)))")
-            } else if conn.closeWhenFlushed && conn.pendingWrites == 0 {
-                server.closeConnection(conn, reason: "server shutdown")
+                return
             }
+            server.writeQueued(conn)
+            server.checkOutput(conn)
         }
         if rc < 0 {
             Unmanaged<WriteContext>.fromOpaque(req.pointee.data).release()
@@ -322,15 +471,69 @@ public final class Server {
             closeConnection(conn, reason: "write failed: \(uvErrorName(Int(rc)))")
             return
         }
-        conn.pendingWrites += 1
-        let queued = uv_stream_get_write_queue_size(conn.stream)
-        if queued > configuration.maxOutputBytes {
-            logger.warning("disconnecting a client that stopped reading", metadata: [
-                "concord.conn.id": "\(conn.id)", "concord.queued_bytes": "\(queued)",
-                "concord.max_output_bytes": "\(configuration.maxOutputBytes)",
-            ])
-            closeConnection(conn, reason: "output limit exceeded")
+        conn.inFlight = ctx
+    }
+
+    /// After every write and delivery: the hard limit, the end of a coalescing
+    /// episode, reading again, closing once flushed.
+    private func checkOutput(_ conn: Connection) {
+        guard !conn.closing else { return }
+        if conn.closeWhenFlushed {
+            if conn.inFlight == nil && conn.queued.isEmpty { closeConnection(conn, reason: conn.closeReason) }
+            return
         }
+        let unsent = conn.unsentNow
+        if unsent > configuration.maxOutputBytes {
+            // What cannot be coalesced (responses, view-ending events) is over
+            // the hard limit. Drop what no write has started, let the write in
+            // flight finish (it holds whole lines), then close.
+            logger.warning("disconnecting a client that stopped reading", metadata: [
+                "concord.conn.id": "\(conn.id)", "concord.unsent_bytes": "\(unsent)",
+                "concord.max_output_bytes": "\(configuration.maxOutputBytes)",
+            "concord.output_soft_bytes": "\(configuration.engine.outputSoftBytes)",
+            "concord.max_input_bytes": "\(configuration.maxInputBytes)",
+            "concord.max_inbox_bytes": "\(configuration.maxInboxBytes)",
+            ])
+            conn.flow.unsent.subtract(conn.queuedBytes, ordering: .relaxed)
+            conn.queued = []
+            conn.queuedBytes = 0
+            conn.closeWhenFlushed = true
+            conn.closeReason = "output limit exceeded"
+            updateReading(conn)
+            if conn.inFlight == nil { closeConnection(conn, reason: conn.closeReason) }
+            startOverflowTimer()
+            return
+        }
+        let episode = conn.flow.coalescing.load(ordering: .relaxed)
+        if episode != 0 && episode != conn.drainReported
+            && conn.flow.unsent.load(ordering: .relaxed) <= configuration.engine.outputSoftBytes / 2 {
+            conn.drainReported = episode
+            sequencer.submit(.drained(conn.id, episode: episode))
+        }
+        updateReading(conn)
+    }
+
+    /// A client over the hard limit that never reads would keep its last write
+    /// in flight forever: after a grace period it is closed anyway.
+    private func startOverflowTimer() {
+        guard overflowTimer == nil else { return }
+        let t = UnsafeMutablePointer<uv_timer_t>.allocate(capacity: 1)
+        uv_timer_init(loop, t)
+        uv_handle_set_data(asHandle(t), Unmanaged.passUnretained(self).toOpaque())
+        uv_timer_start(t, { h in
+            let server = Server.from(h)
+            var waiting = false
+            for conn in Array(server.connections.values) where conn.closeWhenFlushed && !server.shuttingDown {
+                conn.overflowTicks += 1
+                if conn.overflowTicks >= 5 { server.closeConnection(conn, reason: "output limit exceeded (not reading)") } else { waiting = true }
+            }
+            if !waiting, let t = server.overflowTimer {
+                uv_timer_stop(t)
+                uv_close(asHandle(t)) { h in h?.deallocate() }
+                server.overflowTimer = nil
+            }
+        }, 1000, 1000)
+        overflowTimer = t
     }
 
     // MARK: Shutdown
@@ -343,6 +546,12 @@ public final class Server {
             uv_close(asHandle(l)) { h in h?.deallocate() }
             listener = nil
         }
+        // Nothing more is read: what was read is answered (the core drains it).
+        for conn in connections.values where conn.reading {
+            conn.reading = false
+            uv_read_stop(conn.stream)
+        }
+        stalled = [:]
         sequencer.submit(.shutdown)
     }
 
@@ -359,11 +568,11 @@ public final class Server {
         }, 3000, 0)
         drainTimer = t
         for conn in Array(connections.values) {
-            uv_read_stop(conn.stream)
-            if conn.pendingWrites == 0 {
+            if conn.inFlight == nil && conn.queued.isEmpty {
                 closeConnection(conn, reason: "server shutdown")
             } else {
                 conn.closeWhenFlushed = true
+                conn.closeReason = "server shutdown"
             }
         }
         maybeFinish()
@@ -372,11 +581,12 @@ public final class Server {
     private func maybeFinish() {
         guard drained, connections.isEmpty, !finished else { return }
         finished = true
-        if let t = drainTimer {
+        for t in [drainTimer, overflowTimer].compactMap({ $0 }) {
             uv_timer_stop(t)
             uv_close(asHandle(t)) { h in h?.deallocate() }
-            drainTimer = nil
         }
+        drainTimer = nil
+        overflowTimer = nil
         for s in signalHandles {
             uv_signal_stop(s)
             uv_close(asHandle(s)) { h in h?.deallocate() }

@@ -20,8 +20,26 @@ public struct ServerConfiguration: Sendable {
     /// which a batch runs on the sequencer alone: a hand-off to a worker costs
     /// ~50 µs here. Default 64.
     public var parallelThreshold = 64
-    /// Output queued for one connection beyond which it is disconnected. Default 64 MiB.
+    /// Hard limit: unsent output of one connection (after writing what the
+    /// socket takes) beyond which it is disconnected. Events are coalesced
+    /// from `engine.outputSoftBytes` on, so only what cannot be coalesced
+    /// (responses, view-ending events) can reach it. Default 64 MiB.
     public var maxOutputBytes = 64 << 20
+    /// Bytes of lines read from one connection and not yet taken by the core
+    /// above which the connection is not read. Default 1 MiB.
+    public var maxInputBytes = 1 << 20
+    /// Bytes of lines read from all connections and not yet taken by the core
+    /// (the sequencer's inbox) above which no connection is read. Default 64 MiB.
+    public var maxInboxBytes = 64 << 20
+    /// Bytes of unfinished lines (read, no newline yet) held for all
+    /// connections above which only one connection at a time may grow its
+    /// line. Default 64 MiB.
+    public var maxUnfinishedLineBytes = 64 << 20
+    /// Lines the sequencer takes from one connection per turn. Default 256.
+    public var linesPerTurn = 256
+    /// Seconds a shutdown waits for held requests (sync acknowledgements,
+    /// cache reads) before answering them anyway. Default 10.
+    public var shutdownTimeout = 10.0
     /// The cache backend: `memory` (default), `sqlite`, `hash`, a path to a
     /// backend library, or `none` (the embedded store only, no backend).
     public var cache = "memory"

@@ -40,8 +40,26 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(help: "Live subscriptions allowed per connection; more get limit_exceeded.")
     var maxSubscriptionsPerConnection: Int = 65536
 
-    @Option(help: "Unsent output per connection (bytes) beyond which a client that stopped reading is disconnected.")
+    @Option(help: "Hard limit: unsent output per connection (bytes) beyond which it is disconnected. Only what cannot be coalesced (responses, view-ending events) can reach it.")
     var maxOutputBytes: Int = 64 << 20
+
+    @Option(help: "Soft limit: unsent output per connection (bytes) from which its events are coalesced (PROTOCOL §6.6) and it is not read (default 1 MiB, at most half the hard limit).")
+    var outputSoftBytes: Int = 1 << 20
+
+    @Option(help: "Bytes of lines read from one connection and not yet taken by the core above which it is not read.")
+    var maxInputBytes: Int = 1 << 20
+
+    @Option(help: "Bytes of lines read from all connections and not yet taken by the core (the inbox) above which nothing is read.")
+    var maxInboxBytes: Int = 64 << 20
+
+    @Option(help: "Bytes of unfinished lines held for all connections above which only one connection at a time may grow its line.")
+    var maxUnfinishedLineBytes: Int = 64 << 20
+
+    @Option(help: "Lines the core takes from one connection per turn (fairness between connections).")
+    var linesPerTurn: Int = 256
+
+    @Option(help: "Seconds a shutdown waits for held requests (sync acknowledgements, cache reads) and for a failing backend to store the backlog.")
+    var shutdownTimeout: Double = 10
 
     @Option(help: "File mode of the socket, in octal.")
     var socketMode: String = "0600"
@@ -77,6 +95,12 @@ struct ConcordServerCommand: ParsableCommand {
         if maxDepth < 2 || maxDepth > 10_000 { throw ValidationError("--max-depth must be between 2 and 10000") }
         if maxSubscriptionsPerConnection < 1 { throw ValidationError("--max-subscriptions-per-connection must be at least 1") }
         if maxOutputBytes < 4096 { throw ValidationError("--max-output-bytes must be at least 4096") }
+        if outputSoftBytes < 1024 { throw ValidationError("--output-soft-bytes must be at least 1024") }
+        if maxInputBytes < 1024 { throw ValidationError("--max-input-bytes must be at least 1024") }
+        if maxInboxBytes < maxInputBytes { throw ValidationError("--max-inbox-bytes must be at least --max-input-bytes") }
+        if maxUnfinishedLineBytes < 0 { throw ValidationError("--max-unfinished-line-bytes must not be negative") }
+        if linesPerTurn < 1 { throw ValidationError("--lines-per-turn must be at least 1") }
+        if !(shutdownTimeout >= 0) { throw ValidationError("--shutdown-timeout must not be negative") }
         if UInt32(socketMode, radix: 8) == nil { throw ValidationError("--socket-mode must be an octal mode such as 0600") }
         if Durability(rawValue: durability) == nil { throw ValidationError("--durability must be async or sync") }
         if (try? mergedCacheConfig()) == nil { throw ValidationError("--cache-config must be a JSON object") }
@@ -112,6 +136,12 @@ struct ConcordServerCommand: ParsableCommand {
         config.threads = threads
         config.parallelThreshold = max(1, parallelThreshold)
         config.maxOutputBytes = maxOutputBytes
+        config.engine.outputSoftBytes = min(outputSoftBytes, maxOutputBytes / 2)
+        config.maxInputBytes = maxInputBytes
+        config.maxInboxBytes = maxInboxBytes
+        config.maxUnfinishedLineBytes = maxUnfinishedLineBytes
+        config.linesPerTurn = linesPerTurn
+        config.shutdownTimeout = shutdownTimeout
         config.socketMode = UInt32(socketMode, radix: 8) ?? 0o600
         config.engine.idKey = idKey
         config.engine.maxLineBytes = maxLineBytes

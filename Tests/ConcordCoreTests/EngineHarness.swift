@@ -1,5 +1,6 @@
 import ConcordJSON
 import ConcordProtocol
+import Synchronization
 import Testing
 
 @testable import ConcordCore
@@ -18,8 +19,8 @@ final class EngineHarness {
     func connect() -> TestConn {
         let id = nextID
         nextID += 1
-        engine.open(id)
         let c = TestConn(id: id, harness: self)
+        engine.open(id, flow: c.flow)
         conns[id] = c
         return c
     }
@@ -29,8 +30,8 @@ final class EngineHarness {
     fileprivate func pump() {
         for (id, segments) in engine.takeOutput() {
             guard let c = conns[id] else { continue }
-            for s in segments { c.raw.append(contentsOf: UnsafeRawBufferPointer(start: s.base, count: s.count)) }
-            c.split()
+            for s in segments { c.unread.append(contentsOf: UnsafeRawBufferPointer(start: s.base, count: s.count)) }
+            if !c.slow { c.readAll() }
         }
     }
 }
@@ -39,6 +40,11 @@ final class TestConn {
     let id: ConnectionID
     unowned let harness: EngineHarness
     fileprivate var raw: [UInt8] = []
+    /// Bytes handed over by the engine that the "socket" has not taken yet.
+    fileprivate var unread: [UInt8] = []
+    let flow = ConnectionFlow()
+    /// A slow reader: output stays unread (and counts as unsent) until `readAll()`.
+    var slow = false
     /// Events received and not yet taken, in order.
     var events: [JSON] = []
     var responses: [JSON] = []
@@ -47,6 +53,23 @@ final class TestConn {
         self.id = id
         self.harness = harness
     }
+
+    /// The socket takes everything handed over; like the server's loop, the
+    /// engine hears when a coalescing episode's output has drained.
+    func readAll() {
+        flow.unsent.subtract(unread.count, ordering: .relaxed)
+        raw.append(contentsOf: unread)
+        unread = []
+        split()
+        let episode = flow.coalescing.load(ordering: .relaxed)
+        if episode != 0 && flow.unsent.load(ordering: .relaxed) <= harness.engine.configuration.outputSoftBytes / 2 {
+            harness.engine.outputDrained(id, episode: episode)
+            harness.pump()
+            readAll()
+        }
+    }
+
+    var unreadBytes: Int { unread.count }
 
     fileprivate func split() {
         while let nl = raw.firstIndex(of: 0x0A) {
@@ -62,6 +85,7 @@ final class TestConn {
     func send(_ line: String) -> JSON {
         harness.engine.handleLine(Array(line.utf8), from: id)
         harness.pump()
+        if slow { readAll() }
         return responses.removeLast()
     }
 

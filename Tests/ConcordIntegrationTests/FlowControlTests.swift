@@ -1,0 +1,187 @@
+import ConcordJSON
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Issue 9: memory is bounded by configuration whatever clients do; a
+/// flooding or never-reading client slows only itself; a slow subscriber is
+/// coalesced (PROTOCOL.md §6.6), never dropped while it reads.
+@Suite(.serialized)
+struct FlowControlTests {
+    /// Resident bytes of the server process.
+    static func rss(_ server: ServerProcess) -> Int {
+        guard let text = try? String(contentsOfFile: "/proc/\(server.process.processIdentifier)/status", encoding: .utf8) else { return 0 }
+        for line in text.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+            let kb = line.split(separator: " ").compactMap { Int($0) }.first ?? 0
+            return kb * 1024
+        }
+        return 0
+    }
+
+    /// Writes `line` over and over on its own thread, never reading, until stopped.
+    final class Flooder: @unchecked Sendable {
+        // Sendable: `stop` is only set once; `sent` is read after the thread ends.
+        let client: WireClient
+        private let lock = NSLock()
+        private var stopped = false
+        private(set) var sent = 0
+        private let done = DispatchSemaphore(value: 0)
+
+        init(_ client: WireClient, line: @escaping @Sendable (Int) -> String) {
+            self.client = client
+            let t = Thread { [self] in
+                var i = 0
+                var chunk: [UInt8] = []
+                while !self.isStopped {
+                    chunk.removeAll(keepingCapacity: true)
+                    for _ in 0..<200 {
+                        chunk.append(contentsOf: line(i).utf8)
+                        chunk.append(0x0A)
+                        i += 1
+                    }
+                    if (try? client.write(chunk)) == nil { break }
+                    self.lock.lock(); self.sent = i; self.lock.unlock()
+                }
+                self.done.signal()
+            }
+            t.start()
+        }
+
+        var isStopped: Bool { lock.lock(); defer { lock.unlock() }; return stopped }
+
+        /// Unblocks a write the server stopped reading, and waits for the thread.
+        func stop() {
+            lock.lock(); stopped = true; lock.unlock()
+            shutdown(client.fd, Int32(SHUT_WR))
+            _ = done.wait(timeout: .now() + 20)
+        }
+    }
+
+    @Test func aFloodingWriterSlowsOnlyItself() throws {
+        let server = try ServerProcess(arguments: ["--max-inbox-bytes", "4194304", "--max-input-bytes", "1048576"])
+        let reader = try server.connect()
+        try reader.request(#"{"op":"subscribe","sub":"r","key":"flood"}"#)
+        let pinger = try server.connect()
+        let flood = Flooder(try server.connect()) { i in
+            #"{"op":"update","key":"flood","model":{"id":"F:1","n":\#(i),"pad":"\#(String(repeating: "x", count: 100))"}}"#
+        }
+        var peak = 0
+        var lastSeen = -1
+        let start = Date()
+        var pings = 0
+        while Date().timeIntervalSince(start) < 4 {
+            let t0 = Date()
+            #expect(try pinger.request(#"{"op":"ping"}"#)["ok"] == true)
+            #expect(Date().timeIntervalSince(t0) < 2, "a ping waited behind the flood")
+            pings += 1
+            // The reader keeps receiving, never older values.
+            reader.setTimeout(2)
+            if let e = try reader.readJSON(), let n = e["model"]?["n"]?.numberValue?.intValue {
+                #expect(n >= lastSeen)
+                lastSeen = n
+            }
+            peak = max(peak, Self.rss(server))
+        }
+        flood.stop()
+        #expect(pings > 20)
+        #expect(lastSeen > 0, "the reader got no event")
+        // Bound: inbox 4 MiB + per-connection input/output limits + the store
+        // (one document) + runtime; far below what an unbounded inbox reached (GBs).
+        #expect(peak < 256 << 20, "peak RSS \(peak >> 20) MiB")
+        #expect(try pinger.request(#"{"op":"stats"}"#)["ok"] == true)
+        #expect(server.stop() == 0)
+    }
+
+    @Test func aClientThatWritesAndNeverReadsIsNotReadFurther() throws {
+        let server = try ServerProcess(arguments: ["--output-soft-bytes", "262144"])
+        let other = try server.connect()
+        let flood = Flooder(try server.connect()) { i in #"{"op":"ping","rid":\#(i)}"# }
+        var peak = 0
+        for _ in 0..<30 {
+            usleep(100_000)
+            peak = max(peak, Self.rss(server))
+            #expect(try other.request(#"{"op":"ping"}"#)["ok"] == true)
+        }
+        let stats = try other.request(#"{"op":"stats"}"#)
+        #expect(stats["connections"] == 2, "the non-reader is not dropped: its output is bounded instead")
+        flood.stop()
+        #expect(peak < 128 << 20, "peak RSS \(peak >> 20) MiB")
+        #expect(server.stop() == 0)
+    }
+
+    @Test func aReadingSubscriberIsNeverDroppedAndSeesTheFinalValue() throws {
+        let server = try ServerProcess(arguments: ["--max-output-bytes", "1048576", "--output-soft-bytes", "65536"])
+        let sub = try server.connect()
+        try sub.request(#"{"op":"subscribe","sub":"k","key":"k"}"#)
+        try sub.request(#"{"op":"subscribe","sub":"f","feed":{}}"#)
+        let writer = try server.connect()
+        let blob = String(repeating: "y", count: 2000)
+        // Pipelined batches of big updates, no waiting.
+        let total = 3000
+        var text = ""
+        for i in 0..<total {
+            text += #"{"op":"batch","ops":[{"op":"update","key":"k","model":{"id":"K","v":\#(i),"blob":"\#(blob)"}},{"op":"update","model":{"id":"E:\#(i % 7)","v":\#(i)}}]}"# + "\n"
+        }
+        let bytes = Array(text.utf8)
+        let w = Thread { try? writer.write(bytes) }
+        w.start()
+        var lastK = -1
+        var coalesced = 0
+        var eof = false
+        sub.setTimeout(10)
+        while lastK < total - 1 {
+            guard let e = try sub.readJSON() else { eof = true; break }
+            if e["coalesced"] == true { coalesced += 1 }
+            if e["sub"] == "k", let v = e["model"]?["v"]?.numberValue?.intValue {
+                #expect(v >= lastK, "older value after newer")
+                lastK = v
+            }
+        }
+        #expect(!eof, "a reading subscriber was dropped")
+        #expect(lastK == total - 1)
+        for _ in 0..<total { _ = try writer.response() }
+        #expect(try sub.request(#"{"op":"get","key":"k"}"#)["model"]?["v"] == .int(total - 1))
+        #expect(!server.stderr.contains("stopped reading"))
+        // Whether this run coalesced depends on the reader's speed; say what happened.
+        print("reading subscriber: \(coalesced) coalesced events")
+        #expect(server.stop() == 0)
+    }
+
+    @Test func aSubscriberThatStopsReadingIsCoalescedThenCatchesUp() throws {
+        let server = try ServerProcess(arguments: ["--max-output-bytes", "65536", "--output-soft-bytes", "16384"])
+        let slow = try server.connect()
+        try slow.request(#"{"op":"subscribe","sub":"s","key":"k"}"#)
+        let fast = try server.connect()
+        try fast.request(#"{"op":"subscribe","sub":"s","key":"k"}"#)
+        let writer = try server.connect()
+        let blob = String(repeating: "y", count: 4000)
+        for i in 0..<400 {
+            try writer.send(#"{"op":"update","key":"k","model":{"id":"K","v":\#(i),"blob":"\#(blob)"}}"#)
+            #expect(try writer.response()["seq"] == .int(i + 1))
+            if i % 50 == 49 {
+                while try fast.readJSON()?["model"]?["v"] != .int(i) {}
+            }
+        }
+        // Far more than the hard limit was published; the slow one holds at most
+        // a few events' worth and is still connected.
+        #expect(try writer.request(#"{"op":"stats"}"#)["connections"] == 3)
+        var last = -1
+        var sawCoalesced = false
+        slow.setTimeout(10)
+        while last < 399 {
+            guard let e = try slow.readJSON() else { Issue.record("slow subscriber was dropped"); break }
+            if e["coalesced"] == true { sawCoalesced = true }
+            if let v = e["model"]?["v"]?.numberValue?.intValue {
+                #expect(v > last)
+                last = v
+            }
+        }
+        #expect(sawCoalesced)
+        #expect(try slow.request(#"{"op":"ping"}"#)["ok"] == true)
+        #expect(!server.stderr.contains("stopped reading"))
+        #expect(server.stop() == 0)
+    }
+}
