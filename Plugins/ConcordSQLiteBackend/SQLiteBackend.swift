@@ -37,6 +37,16 @@ final class SQLiteBackend {
         var isCorruption: Bool { code == SQLITE_CORRUPT || code == SQLITE_NOTADB }
     }
 
+    /// Testing aid (`"fault_file"` in the configuration): while this file
+    /// exists every write fails with an I/O error, as on a full disk.
+    var faultFile: String?
+
+    func checkFault() throws(SQLError) {
+        if let f = faultFile, access(f, F_OK) == 0 {
+            throw SQLError(code: SQLITE_IOERR, message: "fault injected (\(f) exists)")
+        }
+    }
+
     init(path: String, maxBytes: Int, ttlMillis: Int64, host: UnsafePointer<concord_host>?) {
         self.path = path
         self.maxBytes = maxBytes
@@ -294,6 +304,7 @@ nonisolated(unsafe) private let table: UnsafePointer<concord_backend_api> = Back
                 maxBytes: try BackendKit.int(c, "max_bytes", 50 << 20),
                 ttlMillis: Int64(try BackendKit.int(c, "ttl_ms", 0)),
                 host: host)
+            b.faultFile = try BackendKit.string(c, "fault_file")
         } catch {
             BackendKit.setError(errorOut, "sqlite backend: \(error)")
             return nil
@@ -320,6 +331,7 @@ nonisolated(unsafe) private let table: UnsafePointer<concord_backend_api> = Back
     put: { b, key, keyLen, value, valueLen, errorOut in
         let s = instance(b)
         do throws(SQLiteBackend.SQLError) {
+            try s.checkFault()
             try s.transaction { () throws(SQLiteBackend.SQLError) in try s.putRow(raw(key, keyLen), raw(value, valueLen)) }
             return Int32(CONCORD_OK.rawValue)
         } catch let e {
@@ -328,6 +340,7 @@ nonisolated(unsafe) private let table: UnsafePointer<concord_backend_api> = Back
     },
     del: { b, key, keyLen, errorOut in
         do throws(SQLiteBackend.SQLError) {
+            try instance(b).checkFault()
             try instance(b).delete(raw(key, keyLen))
             return Int32(CONCORD_OK.rawValue)
         } catch let e {
@@ -337,6 +350,7 @@ nonisolated(unsafe) private let table: UnsafePointer<concord_backend_api> = Back
     write_batch: { b, writes, count, errorOut in
         let s = instance(b)
         do throws(SQLiteBackend.SQLError) {
+            try s.checkFault()
             try s.transaction { () throws(SQLiteBackend.SQLError) in
                 for i in 0..<count {
                     let w = writes![i]
@@ -354,6 +368,7 @@ nonisolated(unsafe) private let table: UnsafePointer<concord_backend_api> = Back
     },
     clear: { b, errorOut in
         do throws(SQLiteBackend.SQLError) {
+            try instance(b).checkFault()
             try instance(b).clear()
             return Int32(CONCORD_OK.rawValue)
         } catch let e {

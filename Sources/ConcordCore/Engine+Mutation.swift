@@ -24,6 +24,7 @@ extension Engine {
             origins.insert(ObjectIdentifier(s))
         }
         checkCongestion()
+        try checkWritable()
         if case .clear = m {
             clearAll(c, rid: rid, context: options.context)
             return

@@ -17,6 +17,8 @@ public enum StorageItem: Sendable {
     case clear(seq: Int, schema: [(type: String, members: [String])])
     /// Read these keys and everything they reference.
     case load(LoadRequest)
+    /// Store a reservation of sequence numbers up to this one.
+    case reserve(upTo: Int)
 }
 
 public struct StorageWrite: Sendable {
@@ -81,16 +83,71 @@ final class PersistenceState {
     var lastWrite: [String: Int] = [:]
     /// Keys used since the eviction clock last passed them (second chance).
     var recentlyUsed: Set<String> = []
+    /// Sequence numbers up to this one are reserved in the backend; none beyond is issued.
+    var seqReserved = Int.max
+    var reservationAsked = 0
+    /// Set while the backend fails to store (its last message).
+    var failing: String?
+    /// Records written since the last confirmed store (an upper bound of the backlog).
+    var unstored = 0
+    /// While failing, mutations are refused once `unstored` is over this.
+    var maxUnstored = 100_000
 
     init(durability: Durability) { self.durability = durability }
 }
 
 extension Engine {
     /// Turns on write-behind and read-through. `schema` is what the backend held at start-up.
-    public func enablePersistence(durability: Durability, schema: [(type: String, members: [String])]?, lastSeq: Int = 0) {
-        persistence = PersistenceState(durability: durability)
+    /// `lastSeq`: the last number that may have been issued before; `reserved`:
+    /// numbers up to which the backend holds a reservation (none beyond is issued).
+    public func enablePersistence(durability: Durability, schema: [(type: String, members: [String])]?, lastSeq: Int = 0,
+                                  reserved: Int = Int.max, maxUnstored: Int = 100_000) {
+        let p = PersistenceState(durability: durability)
+        p.seqReserved = reserved
+        p.reservationAsked = reserved
+        p.committedSeq = lastSeq
+        p.maxUnstored = maxUnstored
+        persistence = p
         if let schema { store.setSchema(schema) }
         seq = lastSeq
+    }
+
+    /// Numbers asked for in one reservation.
+    public static let reservationBlock = 1 << 20
+
+    /// The last mutation the backend confirmed (every mutation when there is no backend).
+    public var durableSeq: Int { persistence?.committedSeq ?? seq }
+
+    /// Refuses a mutation before it is applied when the backend cannot take it (§ durability in docs/PROTOCOL.md).
+    func checkWritable() throws(ProtocolError) {
+        guard let p = persistence else { return }
+        if let m = p.failing {
+            if p.durability == .sync {
+                throw ProtocolError(.cacheError, "the cache backend is failing to store (\(m)); with sync durability nothing is applied until it stores again")
+            }
+            if p.unstored > p.maxUnstored {
+                throw ProtocolError(.cacheError, "the cache backend is failing to store (\(m)) and \(p.unstored) records wait for it (limit \(p.maxUnstored)); nothing was applied")
+            }
+        }
+        if seq >= p.seqReserved {
+            throw ProtocolError(.cacheError, "sequence numbers beyond \(p.seqReserved) are not reserved in the cache backend yet; nothing was applied")
+        }
+    }
+
+    /// Asks for the next reservation once half of the current one is used.
+    func reserveAhead() {
+        guard let p = persistence, p.seqReserved != Int.max else { return }
+        if seq > p.seqReserved - Self.reservationBlock / 2 && p.reservationAsked < seq + Self.reservationBlock {
+            p.reservationAsked = seq + Self.reservationBlock
+            p.items.append(.reserve(upTo: p.reservationAsked))
+        }
+    }
+
+    /// The backend failed to store (the writes stay queued and are retried).
+    public func storageFailing(message: String, backlog: Int) {
+        guard let p = persistence else { return }
+        p.failing = message
+        p.unstored = max(p.unstored, backlog)
     }
 
     /// Storage work queued since the last call, in order.
@@ -131,6 +188,8 @@ extension Engine {
             }
         }
         p.items.append(.write(seq: seq, writes: writes))
+        p.unstored += writes.count
+        reserveAhead()
     }
 
     func recordSchemaWrite() {
@@ -143,19 +202,26 @@ extension Engine {
         for t in p.tickets.values { t.touched.insert("*") }
         p.knownAbsent.removeAll()
         p.items.append(.clear(seq: seq, schema: store.requiredLists))
+        reserveAhead()
     }
 
-    /// The backend confirmed every write up to `seq`: release held acknowledgements.
-    public func storageCommitted(through seq: Int) {
+    /// The backend stored every write up to `seq` (and reserved numbers up to
+    /// `reserved`): release held acknowledgements.
+    public func storageCommitted(through seq: Int, reserved: Int = Int.max) {
         guard let p = persistence else { return }
         p.committedSeq = max(p.committedSeq, seq)
+        if reserved != Int.max { p.seqReserved = max(p.seqReserved == Int.max ? 0 : p.seqReserved, reserved) }
+        p.failing = nil
+        p.unstored = 0
         if p.lastWrite.count > 4096 { p.lastWrite = p.lastWrite.filter { $0.value > p.committedSeq } }
         releaseDurable(upTo: p.committedSeq, failure: nil)
     }
 
-    /// The backend failed writes up to `seq`: held acknowledgements become `cache_error`.
-    public func storageFailed(through seq: Int, message: String) {
-        releaseDurable(upTo: seq, failure: message)
+    /// Held acknowledgements (sync) that the backend could not confirm in
+    /// time are answered now: applied, with their seq, but not durable yet
+    /// (the records stay in memory and are retried).
+    public func releaseNotDurable(reason: String) {
+        releaseDurable(upTo: Int.max, failure: reason)
     }
 
     private func releaseDurable(upTo seq: Int, failure: String?) {
@@ -168,8 +234,19 @@ extension Engine {
         p.durableWaiters = still
         for c in ready {
             guard let held = c.heldResponse else { continue }
+            if !c.coalesced.isEmpty { flushCoalesced(c) }
             if let failure {
-                respondError(c, rid: held.rid, ProtocolError(.cacheError, "applied in memory but the cache backend failed to store it: \(failure)"))
+                // Like MongoDB's writeConcernError: the write happened (it has a
+                // seq, subscribers saw it), it is just not known to be stored.
+                let s = c.waitingDurable ?? seq
+                respond(c, rid: held.rid) { w in
+                    w.key("seq"); w.int(s)
+                    w.key("durable"); w.raw("false")
+                    w.key("warning")
+                    w.raw("{\"code\":\"cache_error\",\"message\":")
+                    w.string("applied (seq \(s)) but not stored yet: \(failure); it stays in memory and storing is retried")
+                    w.raw("}")
+                }
             } else {
                 c.output.append(held.bytes)
                 markDirty(c)

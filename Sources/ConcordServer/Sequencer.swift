@@ -73,6 +73,14 @@ final class Sequencer: @unchecked Sendable {
     private var ready: [Lane] = []
     private var shutdownDeadline: Double?
     private var drainedSent = false
+    private var durability = Durability.async
+    private var syncTimeout = 5.0
+    /// Since when the backend fails to store (nil: it stores).
+    private var failingSince: Double?
+    private var failingMessage = ""
+    /// Sync durability: deliveries wait until the backend stored every
+    /// mutation they show (`tag` is the last seq applied when they were made).
+    private var held: [(tag: Int, delivery: Delivery)] = []
 
     init(configuration: ServerConfiguration, logger: Logger, deliver: @escaping @Sendable (Delivery) -> Void) {
         pool = WorkerPool(threads: configuration.threads, inlineBelow: configuration.parallelThreshold)
@@ -94,11 +102,19 @@ final class Sequencer: @unchecked Sendable {
     }
 
     /// Attaches the cache backend (before `start`): write-behind, read-through.
-    func attach(backend: Backend, durability: Durability, memoryLimit: Int, logger: Logger) {
+    /// Reserves sequence numbers ahead first, so a restart after a crash never
+    /// issues a number a client has already seen.
+    func attach(backend: Backend, configuration: ServerConfiguration, logger: Logger) throws(BackendError) {
         let schema = StorageThread.readSchema(backend, idKey: engine.configuration.idKey, logger: logger)
-        engine.enablePersistence(durability: durability, schema: schema, lastSeq: StorageThread.readSeq(backend))
-        engine.memoryLimit = memoryLimit
-        let s = StorageThread(backend: backend, idKey: engine.configuration.idKey, logger: logger) { [self] event in
+        let start = StorageThread.readSeq(backend)
+        let reserved = start + Engine.reservationBlock
+        try StorageThread.writeReservation(backend, seq: start, upTo: reserved)
+        durability = configuration.durability
+        syncTimeout = configuration.syncTimeout
+        engine.enablePersistence(durability: configuration.durability, schema: schema, lastSeq: start,
+                                 reserved: reserved, maxUnstored: configuration.maxUnstoredRecords)
+        engine.memoryLimit = configuration.memoryLimit
+        let s = StorageThread(backend: backend, idKey: engine.configuration.idKey, logger: logger, seq: start, reserved: reserved) { [self] event in
             self.submit(.storage(event))
         }
         storage = s
@@ -106,9 +122,10 @@ final class Sequencer: @unchecked Sendable {
         s.start()
     }
 
-    /// Flushes every queued write and closes the backend (at shutdown, after the drain).
-    func stopStorage() {
-        storage?.stop()
+    /// Stores every queued write (retrying a failing backend up to the
+    /// shutdown timeout) and closes the backend. Returns the records left unstored.
+    func stopStorage() -> Int {
+        storage?.stop(timeout: shutdownTimeout) ?? 0
     }
 
     func start() {
@@ -125,7 +142,7 @@ final class Sequencer: @unchecked Sendable {
         while true {
             condition.lock()
             while inbox.isEmpty && !hasRunnableLane {
-                if shutdownDeadline != nil && !drainedSent {
+                if (shutdownDeadline != nil && !drainedSent) || (failingSince != nil && engine.hasWaitingClients) {
                     condition.wait(seconds: 0.05)
                     break
                 }
@@ -136,6 +153,7 @@ final class Sequencer: @unchecked Sendable {
             for input in batch { accept(input) }
             batch.removeAll(keepingCapacity: true)
             let taken = turn()
+            checkSyncTimeout()
             let drained = checkShutdown()
             if engine.memoryLimit > 0 {
                 let n = engine.evictIfOverLimit(bytesInUse: AllocatorStats.allocatedBytes)
@@ -144,9 +162,45 @@ final class Sequencer: @unchecked Sendable {
             if let storage { storage.submit(engine.takeStorageItems()) }
             let outputs = engine.takeOutput()
             if !outputs.isEmpty || drained || taken {
-                deliver(Delivery(outputs: outputs, drained: drained, inputTaken: taken))
+                send(Delivery(outputs: outputs, drained: drained, inputTaken: taken))
+            } else {
+                releaseHeld()
             }
         }
+    }
+
+    /// Async: hands the delivery over. Sync: events and responses wait until
+    /// the backend stored what they show (in order: a later delivery never
+    /// overtakes an earlier one).
+    private func send(_ d: Delivery) {
+        guard durability == .sync, storage != nil else { return deliver(d) }
+        let tag = engine.seq
+        if held.isEmpty && tag <= engine.durableSeq { return deliver(d) }
+        held.append((tag, d))
+        releaseHeld()
+        // Connections stalled on input may read again even while output waits.
+        if d.inputTaken && !held.isEmpty { deliver(Delivery(outputs: [], drained: false, inputTaken: true)) }
+    }
+
+    private func releaseHeld(force: Bool = false) {
+        var n = 0
+        let durable = engine.durableSeq
+        while n < held.count, force || held[n].tag <= durable { n += 1 }
+        guard n > 0 else { return }
+        for (_, d) in held[..<n] { deliver(d) }
+        held.removeFirst(n)
+    }
+
+    /// Sync: acknowledgements the failing backend could not confirm within
+    /// `syncTimeout` are answered as applied but not durable, and what waited
+    /// behind them goes out.
+    private func checkSyncTimeout() {
+        guard let since = failingSince, monotonicSeconds() - since >= syncTimeout else { return }
+        guard engine.hasWaitingClients || !held.isEmpty else { return }
+        engine.releaseNotDurable(reason: failingMessage)
+        let outputs = engine.takeOutput()
+        releaseHeld(force: true)
+        if !outputs.isEmpty { deliver(Delivery(outputs: outputs, drained: false, inputTaken: false)) }
     }
 
     /// Control inputs act at once; lines join their connection's lane.
@@ -171,8 +225,13 @@ final class Sequencer: @unchecked Sendable {
             engine.outputDrained(id, episode: episode)
         case .storage(let event):
             switch event {
-            case .committed(let seq): engine.storageCommitted(through: seq)
-            case .failed(let seq, let message): engine.storageFailed(through: seq, message: message)
+            case .committed(let seq, let reserved):
+                engine.storageCommitted(through: seq, reserved: reserved)
+                failingSince = nil
+            case .failing(let message, let backlog):
+                engine.storageFailing(message: message, backlog: backlog)
+                if failingSince == nil { failingSince = monotonicSeconds() }
+                failingMessage = message
             case .loaded(let result): engine.install(result)
             }
         case .shutdown:
@@ -259,15 +318,18 @@ final class Sequencer: @unchecked Sendable {
     /// (or the shutdown timeout passed, when whatever waits is answered anyway).
     private func checkShutdown() -> Bool {
         guard let deadline = shutdownDeadline, !drainedSent else { return false }
-        let idle = !ready.contains { $0.queued } && !engine.hasWaitingClients
+        let idle = !ready.contains { $0.queued } && !engine.hasWaitingClients && held.isEmpty
         if !idle {
             guard monotonicSeconds() >= deadline else { return false }
             logger.warning("shutdown timeout: answering what still waits without it", metadata: [
                 "concord.waiting_clients": "\(engine.waitingClientCount)",
             ])
             engine.isShuttingDown = true
-            engine.abandonWaits(reason: "the server is shutting down")
+            engine.abandonWaits(reason: failingSince != nil ? failingMessage : "the server is shutting down")
             while turn() {}
+            let outputs = engine.takeOutput()
+            releaseHeld(force: true)
+            if !outputs.isEmpty { deliver(Delivery(outputs: outputs, drained: false, inputTaken: false)) }
         }
         engine.isShuttingDown = true
         drainedSent = true

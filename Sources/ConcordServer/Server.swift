@@ -162,7 +162,7 @@ public final class Server {
             // dlopen and open() happen here, before the loop runs: never on the loop.
             do {
                 let backend = try Backend.open(spec: configuration.cache, configJSON: configuration.cacheConfig, logger: logger)
-                sequencer.attach(backend: backend, durability: configuration.durability, memoryLimit: configuration.memoryLimit, logger: logger)
+                try sequencer.attach(backend: backend, configuration: configuration, logger: logger)
             } catch {
                 throw StartupError(description: error.description)
             }
@@ -194,8 +194,14 @@ public final class Server {
             "concord.memory_limit": "\(configuration.memoryLimit)",
         ])
         uv_run(loop, UV_RUN_DEFAULT)
-        sequencer.stopStorage()
+        let unstored = sequencer.stopStorage()
         unlink(configuration.socketPath)
+        if unstored > 0 {
+            logger.critical("concord-server stopped with records the cache backend did not store", metadata: [
+                "concord.socket": "\(configuration.socketPath)", "concord.unstored_records": "\(unstored)",
+            ])
+            return 3
+        }
         logger.info("concord-server stopped", metadata: ["concord.socket": "\(configuration.socketPath)"])
         return 0
     }

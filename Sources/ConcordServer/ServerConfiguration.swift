@@ -37,6 +37,12 @@ public struct ServerConfiguration: Sendable {
     public var maxUnfinishedLineBytes = 64 << 20
     /// Lines the sequencer takes from one connection per turn. Default 256.
     public var linesPerTurn = 256
+    /// Sync durability: seconds an acknowledgement waits for a failing backend
+    /// before it is answered as applied but not durable. Default 5.
+    public var syncTimeout = 5.0
+    /// While the backend fails, mutations are refused once this many records
+    /// wait to be stored. Default 100,000.
+    public var maxUnstoredRecords = 100_000
     /// Seconds a shutdown waits for held requests (sync acknowledgements,
     /// cache reads) before answering them anyway. Default 10.
     public var shutdownTimeout = 10.0

@@ -2,6 +2,10 @@ import ConcordCore
 import ConcordJSON
 import Logging
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The one thread that talks to the cache backend.
 ///
 /// It takes the core's storage items in order. Consecutive writes are
@@ -12,13 +16,20 @@ import Logging
 /// reference. One thread keeps that order simple; backend calls may block
 /// without holding up the loop or the sequencer.
 final class StorageThread: @unchecked Sendable {
-    // Sendable: `queue`, `stopping`, `stopped`, `latestStats` are guarded by
-    // `condition`; `backend`, `pending*`, `loggedBadRecords` belong to the thread.
+    // Sendable: `queue`, `stopping`, `stopped`, `latestStats`, `shared*` are
+    // guarded by `condition`; `backend`, `pending*`, `failure` and
+    // `loggedBadRecords` belong to the thread.
     enum Event {
-        case committed(Int)
-        case failed(Int, String)
+        /// Every write up to `seq` is stored, and sequence numbers up to `reserved`.
+        case committed(seq: Int, reserved: Int)
+        /// A write failed; it stays pending and is retried with backoff.
+        /// Sent once per failure episode (and again when the backlog grows).
+        case failing(message: String, backlog: Int)
         case loaded(LoadResult)
     }
+
+    /// Sequence numbers reserved ahead of use (a restart continues after the reservation).
+    static let reservationBlock = 1 << 20
 
     private let backend: Backend
     private let codec: RecordCodec
@@ -27,17 +38,45 @@ final class StorageThread: @unchecked Sendable {
     private let condition = Condition()
     private var queue: [StorageItem] = []
     private var stopping = false
+    private var stopDeadline = 0.0
     private var stopped = false
     private var latestStats: JSON = .object(JSONObject())
+    private var sharedBacklog = 0
+    private var sharedFailing: String?
+    private var sharedFailedAttempts = 0
+    private var failedAttempts = 0
+    /// The last mutation number stored.
+    private var storedSeq = 0
+    /// Set by the thread once a stop was asked for (flushes then ignore the backoff).
+    private var draining = false
+    /// Records not stored yet: the latest value per key (nil: delete).
     private var pending: [String: StoredValue?] = [:]
     private var pendingSeq = 0
+    /// A `clear` that has not reached the backend yet (it goes before `pending`).
+    private var pendingClear: [(type: String, members: [String])]?
+    /// The highest sequence number stored as reserved, and the one asked for.
+    private(set) var reserved: Int
+    private var wantReserved: Int
     private var loggedBadRecords: Set<String> = []
 
-    init(backend: Backend, idKey: String, logger: Logger, post: @escaping @Sendable (Event) -> Void) {
+    /// The current failure episode.
+    private struct Failure {
+        var since: Double
+        var attempts: Int
+        var message: String
+        var nextTry: Double
+        var reportedBacklog: Int
+    }
+    private var failure: Failure?
+
+    init(backend: Backend, idKey: String, logger: Logger, seq: Int, reserved: Int, post: @escaping @Sendable (Event) -> Void) {
+        self.storedSeq = seq
         self.backend = backend
         self.codec = RecordCodec(idKey: idKey)
         self.logger = logger
         self.post = post
+        self.reserved = reserved
+        self.wantReserved = reserved
         latestStats = backend.stats()
     }
 
@@ -53,42 +92,82 @@ final class StorageThread: @unchecked Sendable {
         condition.broadcast()
     }
 
-    /// The backend's figures as of its last batch, plus its name.
+    /// The backend's figures as of its last batch, plus its name and the write-behind state.
     var stats: JSON {
         condition.lock()
         defer { condition.unlock() }
         var o = latestStats.objectValue ?? JSONObject()
         if o["backend"] == nil { o["backend"] = .string(backend.name) }
         o["library"] = .string(backend.path)
+        o["backlog"] = .int(sharedBacklog)
+        o["state"] = .string(sharedFailing == nil ? "ok" : "failing")
+        o["failed_attempts"] = .int(sharedFailedAttempts)
+        if let m = sharedFailing { o["last_error"] = .string(m) }
         return .object(o)
     }
 
-    /// Applies everything queued, closes the backend, and returns.
-    func stop() {
+    /// Records waiting to be stored.
+    var backlog: Int {
+        condition.lock()
+        defer { condition.unlock() }
+        return sharedBacklog
+    }
+
+    /// Stores everything queued (retrying a failing backend until `timeout`
+    /// seconds have passed), closes the backend, and returns how many records
+    /// could not be stored.
+    func stop(timeout: Double) -> Int {
         condition.lock()
         stopping = true
+        stopDeadline = monotonicSeconds() + timeout
         condition.broadcast()
         while !stopped { condition.wait() }
+        let left = sharedBacklog
         condition.unlock()
+        return left
     }
 
     private func run() {
         while true {
             condition.lock()
-            while queue.isEmpty && !stopping { condition.wait() }
+            while queue.isEmpty && !stopping {
+                if let f = failure {
+                    let wait = f.nextTry - monotonicSeconds()
+                    if wait <= 0 { break }
+                    condition.wait(seconds: wait)
+                } else {
+                    condition.wait()
+                }
+            }
             let items = queue
             queue = []
-            let finish = stopping && items.isEmpty
+            let isStopping = stopping
+            let deadline = stopDeadline
             condition.unlock()
-            if finish {
+            draining = isStopping
+            process(items)
+            if isStopping && items.isEmpty {
+                // Final flush: retry a failing backend until the deadline.
+                while failure != nil && monotonicSeconds() < deadline {
+                    usleep(UInt32(min(max(failure!.nextTry - monotonicSeconds(), 0.01), 0.5) * 1e6))
+                    flush()
+                }
+                if let f = failure {
+                    logger.critical("records could not be stored before exit", metadata: [
+                        "concord.records": "\(pending.count)", "concord.error": "\(f.message)",
+                    ])
+                } else {
+                    // A clean stop keeps no reservation: a restart continues at seq + 1.
+                    try? Self.writeReservation(backend, seq: storedSeq, upTo: storedSeq)
+                }
                 backend.close()
                 condition.lock()
+                sharedBacklog = pending.count + (pendingClear == nil ? 0 : 1)
                 stopped = true
                 condition.unlock()
                 condition.broadcast()
                 return
             }
-            process(items)
             let s = backend.stats()
             condition.lock()
             latestStats = s
@@ -104,15 +183,14 @@ final class StorageThread: @unchecked Sendable {
                 pendingSeq = max(pendingSeq, seq)
             case .clear(let seq, let schema):
                 pending = [:]
-                do {
-                    try backend.clear()
-                    if !schema.isEmpty { try backend.put(Array(RecordCodec.schemaKey.utf8), codec.encode(schema: schema)) }
-                    pendingSeq = max(pendingSeq, seq)
-                } catch {
-                    logger.error("cache backend failed to clear", metadata: ["concord.error": "\(error)"])
-                    post(.failed(seq, error.description))
-                }
+                pendingClear = schema
+                pendingSeq = max(pendingSeq, seq)
+            case .reserve(let upTo):
+                wantReserved = max(wantReserved, upTo)
             case .load(let request):
+                // Never read older than what the core wrote: flush first. If the
+                // backend fails, the records written are still resident (they are
+                // not evicted until stored), so what the load misses is not lost.
                 flush()
                 post(.loaded(load(request)))
             }
@@ -129,25 +207,78 @@ final class StorageThread: @unchecked Sendable {
         }
     }
 
+    /// Writes what is pending as one atomic batch. On failure nothing is
+    /// dropped: the records stay pending (newer writes replace them per key)
+    /// and are retried with backoff; the failure is logged once per episode.
     private func flush() {
-        guard pendingSeq > 0 || !pending.isEmpty else { return }
-        let seq = pendingSeq
-        var writes: [(key: [UInt8], value: [UInt8]?)] = []
-        writes.reserveCapacity(pending.count)
-        for (key, value) in pending { writes.append((Array(key.utf8), value.map(encode))) }
-        // The last mutation number travels with every batch, so a restart continues the numbering.
-        writes.append((Array(Self.seqKey.utf8), Array("{\"v\":1,\"seq\":\(seq)}".utf8)))
+        let nothing = pendingSeq == 0 && pending.isEmpty && pendingClear == nil && wantReserved <= reserved
+        guard !nothing else { return }
+        if let f = failure, monotonicSeconds() < f.nextTry, !draining { publish(); return }
+        let seq = max(pendingSeq, storedSeq)
+        let reserve = max(wantReserved, reserved)
+        do {
+            if let schema = pendingClear {
+                try backend.clear()
+                if !schema.isEmpty { try backend.put(Array(RecordCodec.schemaKey.utf8), codec.encode(schema: schema)) }
+                pendingClear = nil
+            }
+            var writes: [(key: [UInt8], value: [UInt8]?)] = []
+            writes.reserveCapacity(pending.count + 1)
+            for (key, value) in pending { writes.append((Array(key.utf8), value.map(encode))) }
+            // The last mutation number and the reservation travel with every batch.
+            writes.append((Array(Self.seqKey.utf8), Array("{\"v\":1,\"seq\":\(seq),\"reserved\":\(reserve)}".utf8)))
+            try backend.writeBatch(writes)
+        } catch {
+            noteFailure(error.description)
+            return
+        }
+        let stored = pending.count
         pending = [:]
         pendingSeq = 0
-        do {
-            try backend.writeBatch(writes)
-            post(.committed(seq))
-        } catch {
-            logger.error("cache backend failed to write", metadata: [
-                "concord.error": "\(error)", "concord.records": "\(writes.count)", "concord.seq": "\(seq)",
+        storedSeq = seq
+        reserved = reserve
+        if let f = failure {
+            logger.notice("cache backend stores again", metadata: [
+                "concord.failed_attempts": "\(f.attempts)",
+                "concord.failing_seconds": "\(Int(monotonicSeconds() - f.since))",
+                "concord.records": "\(stored)",
             ])
-            post(.failed(seq, error.description))
+            failure = nil
         }
+        publish()
+        post(.committed(seq: seq, reserved: reserve))
+    }
+
+    private func noteFailure(_ message: String) {
+        failedAttempts += 1
+        let now = monotonicSeconds()
+        let backlog = pending.count + (pendingClear == nil ? 0 : 1)
+        if var f = failure {
+            f.attempts += 1
+            f.message = message
+            f.nextTry = now + min(2.0, 0.05 * Double(1 << min(f.attempts, 6)))
+            // Tell the core again only when the backlog doubled (it refuses writes over its limit).
+            if backlog >= f.reportedBacklog * 2 {
+                f.reportedBacklog = backlog
+                post(.failing(message: message, backlog: backlog))
+            }
+            failure = f
+        } else {
+            logger.error("cache backend failed to store; keeping the records and retrying", metadata: [
+                "concord.error": "\(message)", "concord.records": "\(backlog)",
+            ])
+            failure = Failure(since: now, attempts: 1, message: message, nextTry: now + 0.05, reportedBacklog: max(backlog, 1))
+            post(.failing(message: message, backlog: backlog))
+        }
+        publish()
+    }
+
+    private func publish() {
+        condition.lock()
+        sharedBacklog = pending.count + (pendingClear == nil ? 0 : 1)
+        sharedFailing = failure?.message
+        sharedFailedAttempts = failedAttempts
+        condition.unlock()
     }
 
     /// Reads the keys and, transitively, every entity they reference.
@@ -202,13 +333,24 @@ final class StorageThread: @unchecked Sendable {
 
     static let seqKey = "s:seq"
 
-    /// The last mutation number stored (0 when none), read at start-up.
+    /// The last mutation number that may have been issued (0 when none):
+    /// the stored reservation, read at start-up.
     static func readSeq(_ backend: Backend) -> Int {
         guard let bytes = try? backend.get(Array(seqKey.utf8)),
               let v = try? JSONParser().parse(bytes), v["v"]?.numberValue?.intValue == 1,
               let n = v["seq"]?.numberValue?.intValue, n >= 0
         else { return 0 }
-        return n
+        return max(n, v["reserved"]?.numberValue?.intValue ?? n)
+    }
+
+    /// Stores a reservation of sequence numbers up to `upTo` before serving
+    /// (so a restart after a crash never reuses a number a client saw).
+    static func writeReservation(_ backend: Backend, seq: Int, upTo: Int) throws(BackendError) {
+        do {
+            try backend.writeBatch([(Array(seqKey.utf8), Array("{\"v\":1,\"seq\":\(seq),\"reserved\":\(upTo)}".utf8))])
+        } catch {
+            throw BackendError(description: "cannot reserve sequence numbers in the cache backend: \(error)")
+        }
     }
 
     /// Reads the schema at start-up (before the loop runs).

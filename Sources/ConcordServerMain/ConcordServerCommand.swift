@@ -58,6 +58,12 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(help: "Lines the core takes from one connection per turn (fairness between connections).")
     var linesPerTurn: Int = 256
 
+    @Option(help: "Sync durability: seconds an acknowledgement waits for a failing backend before it is answered as applied but not durable (\"durable\":false).")
+    var syncTimeout: Double = 5
+
+    @Option(help: "While the backend fails to store, mutations are refused (cache_error) once this many records wait for it.")
+    var maxUnstoredRecords: Int = 100_000
+
     @Option(help: "Seconds a shutdown waits for held requests (sync acknowledgements, cache reads) and for a failing backend to store the backlog.")
     var shutdownTimeout: Double = 10
 
@@ -100,6 +106,8 @@ struct ConcordServerCommand: ParsableCommand {
         if maxInboxBytes < maxInputBytes { throw ValidationError("--max-inbox-bytes must be at least --max-input-bytes") }
         if maxUnfinishedLineBytes < 0 { throw ValidationError("--max-unfinished-line-bytes must not be negative") }
         if linesPerTurn < 1 { throw ValidationError("--lines-per-turn must be at least 1") }
+        if !(syncTimeout >= 0) { throw ValidationError("--sync-timeout must not be negative") }
+        if maxUnstoredRecords < 1 { throw ValidationError("--max-unstored-records must be at least 1") }
         if !(shutdownTimeout >= 0) { throw ValidationError("--shutdown-timeout must not be negative") }
         if UInt32(socketMode, radix: 8) == nil { throw ValidationError("--socket-mode must be an octal mode such as 0600") }
         if Durability(rawValue: durability) == nil { throw ValidationError("--durability must be async or sync") }
@@ -142,6 +150,8 @@ struct ConcordServerCommand: ParsableCommand {
         config.maxUnfinishedLineBytes = maxUnfinishedLineBytes
         config.linesPerTurn = linesPerTurn
         config.shutdownTimeout = shutdownTimeout
+        config.syncTimeout = syncTimeout
+        config.maxUnstoredRecords = maxUnstoredRecords
         config.socketMode = UInt32(socketMode, radix: 8) ?? 0o600
         config.engine.idKey = idKey
         config.engine.maxLineBytes = maxLineBytes

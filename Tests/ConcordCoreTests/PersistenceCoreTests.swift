@@ -33,6 +33,8 @@ final class FakeStorage {
             case .clear(let seq, _):
                 records = [:]
                 committed = max(committed, seq)
+            case .reserve:
+                break
             case .load(let req):
                 var result = LoadResult(ticket: req.ticket)
                 var queue = req.keys
@@ -178,14 +180,59 @@ struct PersistenceCoreTests {
         #expect(a.responses[0]["seq"] == 1)
     }
 
-    @Test func failedWritesAnswerCacheErrorInSyncMode() {
+    /// Sync durability and a failing backend (docs/PROTOCOL.md, "Durability"):
+    /// an applied mutation is never reported as not applied; once the wait
+    /// gives up it is answered ok with `"durable":false` and its seq; while the
+    /// backend fails, new mutations are refused before they change anything.
+    @Test func aFailingBackendInSyncModeNeverReportsAnAppliedWriteAsFailed() {
         let h = harness(.sync)
         let a = h.connect()
         sendParked(a, #"{"op":"update","model":{"id":"A","v":1},"rid":1}"#)
         _ = h.engine.takeStorageItems()
-        h.engine.storageFailed(through: 1, message: "disk full")
+        h.engine.storageFailing(message: "disk full", backlog: 1)
         h.pumpForTests()
-        #expect(a.responses.last?["error"]?["code"] == "cache_error")
+        #expect(a.responses.isEmpty, "the acknowledgement waits while storing is retried")
+        h.engine.releaseNotDurable(reason: "disk full")
+        h.pumpForTests()
+        #expect(a.responses.last?["ok"] == true)
+        #expect(a.responses.last?["seq"] == 1)
+        #expect(a.responses.last?["durable"] == false)
+        #expect(a.responses.last?["warning"]?["code"] == "cache_error")
+        // While failing: refused, nothing applied, no seq taken.
+        #expect(a.error(#"{"op":"update","model":{"id":"A","v":2}}"#) == "cache_error")
+        #expect(h.engine.seq == 1)
+        #expect(h.engine.store.entity("A")?["v"] == 1)
+        // Stored again: writes are accepted.
+        h.engine.storageCommitted(through: 1)
+        sendParked(a, #"{"op":"update","model":{"id":"A","v":3},"rid":3}"#)
+        h.engine.storageCommitted(through: 2)
+        h.pumpForTests()
+        #expect(a.responses.last?["seq"] == 2)
+        #expect(a.responses.last?["durable"] == nil)
+    }
+
+    @Test func asyncWritesAreRefusedOnlyWhenTheUnstoredBacklogIsOverItsLimit() {
+        let h = harness()
+        h.engine.enablePersistence(durability: .async, schema: nil, maxUnstored: 10)
+        let a = h.connect()
+        h.engine.storageFailing(message: "disk full", backlog: 0)
+        for i in 0..<11 { a.ok(#"{"op":"update","model":{"id":"E:\#(i)"}}"#) }
+        #expect(a.error(#"{"op":"update","model":{"id":"E:x"}}"#) == "cache_error")
+        h.engine.storageCommitted(through: 11)
+        a.ok(#"{"op":"update","model":{"id":"E:x"}}"#)
+    }
+
+    @Test func noSequenceNumberIsIssuedBeyondTheReservation() {
+        let h = harness()
+        h.engine.enablePersistence(durability: .async, schema: nil, lastSeq: 100, reserved: 102)
+        let a = h.connect()
+        #expect(a.ok(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 101)
+        #expect(a.ok(#"{"op":"update","model":{"id":"A","v":2}}"#)["seq"] == 102)
+        #expect(a.error(#"{"op":"update","model":{"id":"A","v":3}}"#) == "cache_error")
+        // The engine asked for more ahead of time; once stored, numbering goes on.
+        #expect(h.engine.takeStorageItems().contains { if case .reserve = $0 { return true } else { return false } })
+        h.engine.storageCommitted(through: 102, reserved: 102 + Engine.reservationBlock)
+        #expect(a.ok(#"{"op":"update","model":{"id":"A","v":3}}"#)["seq"] == 103)
     }
 
     @Test func evictionKeepsWatchedAndReferencedRecords() {
