@@ -81,6 +81,8 @@ final class Sequencer: @unchecked Sendable {
     /// Sync durability: deliveries wait until the backend stored every
     /// mutation they show (`tag` is the last seq applied when they were made).
     private var held: [(tag: Int, delivery: Delivery)] = []
+    /// Mutations up to this seq were answered as not durable: what shows them is not held.
+    private var releasedThrough = 0
 
     init(configuration: ServerConfiguration, logger: Logger, deliver: @escaping @Sendable (Delivery) -> Void) {
         pool = WorkerPool(threads: configuration.threads, inlineBelow: configuration.parallelThreshold)
@@ -142,7 +144,7 @@ final class Sequencer: @unchecked Sendable {
         while true {
             condition.lock()
             while inbox.isEmpty && !hasRunnableLane {
-                if (shutdownDeadline != nil && !drainedSent) || (failingSince != nil && engine.hasWaitingClients) {
+                if (shutdownDeadline != nil && !drainedSent) || (failingSince != nil && (engine.hasWaitingClients || !held.isEmpty)) {
                     condition.wait(seconds: 0.05)
                     break
                 }
@@ -175,7 +177,7 @@ final class Sequencer: @unchecked Sendable {
     private func send(_ d: Delivery) {
         guard durability == .sync, storage != nil else { return deliver(d) }
         let tag = engine.seq
-        if held.isEmpty && tag <= engine.durableSeq { return deliver(d) }
+        if held.isEmpty && tag <= max(engine.durableSeq, releasedThrough) { return deliver(d) }
         held.append((tag, d))
         releaseHeld()
         // Connections stalled on input may read again even while output waits.
@@ -184,7 +186,7 @@ final class Sequencer: @unchecked Sendable {
 
     private func releaseHeld(force: Bool = false) {
         var n = 0
-        let durable = engine.durableSeq
+        let durable = max(engine.durableSeq, releasedThrough)
         while n < held.count, force || held[n].tag <= durable { n += 1 }
         guard n > 0 else { return }
         for (_, d) in held[..<n] { deliver(d) }
@@ -198,6 +200,7 @@ final class Sequencer: @unchecked Sendable {
         guard let since = failingSince, monotonicSeconds() - since >= syncTimeout else { return }
         guard engine.hasWaitingClients || !held.isEmpty else { return }
         engine.releaseNotDurable(reason: failingMessage)
+        releasedThrough = engine.seq
         let outputs = engine.takeOutput()
         releaseHeld(force: true)
         if !outputs.isEmpty { deliver(Delivery(outputs: outputs, drained: false, inputTaken: false)) }

@@ -194,6 +194,9 @@ public final class Server {
             "concord.memory_limit": "\(configuration.memoryLimit)",
         ])
         uv_run(loop, UV_RUN_DEFAULT)
+        // A second signal must not cut the final store short (SIGKILL still does).
+        signal(SIGTERM, SIG_IGN)
+        signal(SIGINT, SIG_IGN)
         let unstored = sequencer.stopStorage()
         unlink(configuration.socketPath)
         if unstored > 0 {
