@@ -124,8 +124,12 @@ public final class Server {
     /// Bytes of unfinished lines held by all framers, and who may exceed the budget.
     private var unfinishedTotal = 0
     private var lineGrant: ConnectionID?
-    /// Accepts that failed in the current episode (EMFILE and the like).
+    /// Accepts that failed in the current episode.
     private var acceptFailures = 0
+    /// Descriptors open before any connection, and the process's limit.
+    private var fdBaseline = 0
+    private var fdLimit = Int.max
+    private var atDescriptorLimit = false
     private let bridge: Bridge
     private var sequencer: Sequencer!
     private var connections: [ConnectionID: Connection] = [:]
@@ -179,6 +183,9 @@ public final class Server {
             signalHandles.append(s)
         }
         sequencer.start()
+        var rl = rlimit()
+        if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &rl) == 0 && rl.rlim_cur < UInt64(Int32.max) { fdLimit = Int(rl.rlim_cur) }
+        fdBaseline = (try? FileManagerLite.countEntries("/proc/self/fd")) ?? 16
 
         logger.info("concord-server listening", metadata: [
             "concord.socket": "\(configuration.socketPath)",
@@ -301,17 +308,29 @@ public final class Server {
             uv_close(asHandle(p)) { h in h?.deallocate() }
             return
         }
-        if acceptFailures > 0 {
-            logger.notice("accepting connections again", metadata: ["concord.refused": "\(acceptFailures)"])
-            acceptFailures = 0
-        }
         let conn = Connection(id: nextID, pipe: p, maxLineBytes: configuration.engine.maxLineBytes)
         nextID += 1
         connections[conn.id] = conn
+        // libuv refuses connections past the descriptor limit on its own (it
+        // accepts and closes them, with no callback): say so when we get there.
+        if !atDescriptorLimit && fdBaseline + connections.count + 2 >= fdLimit {
+            atDescriptorLimit = true
+            logger.error("cannot accept connections: out of file descriptors; new connections are closed at once until some close", metadata: [
+                "concord.fd_limit": "\(fdLimit)", "concord.connections": "\(connections.count)",
+            ])
+        }
         uv_handle_set_data(conn.handle, Unmanaged.passRetained(conn).toOpaque())
         sequencer.submit(.open(conn.id, conn.flow))
         logger.info("connection opened", metadata: ["concord.conn.id": "\(conn.id)"])
         updateReading(conn)
+    }
+
+    /// After a close: the end of a descriptor-limit episode.
+    private func checkDescriptorsFreed() {
+        if atDescriptorLimit && fdBaseline + connections.count + 2 < fdLimit {
+            atDescriptorLimit = false
+            logger.notice("accepting connections again", metadata: ["concord.connections": "\(connections.count)"])
+        }
     }
 
     private func noteAcceptFailure(_ status: Int32) {
@@ -423,6 +442,7 @@ public final class Server {
             conn.pipe.deallocate()
         }
         recheckStalled()
+        checkDescriptorsFreed()
         maybeFinish()
     }
 
@@ -607,6 +627,20 @@ public final class Server {
 
     fileprivate static func from<T>(_ h: UnsafeMutablePointer<T>?) -> Server {
         Unmanaged<Server>.fromOpaque(uv_handle_get_data(asHandle(h!))!).takeUnretainedValue()
+    }
+}
+
+/// Counting a directory's entries without Foundation.
+enum FileManagerLite {
+    static func countEntries(_ path: String) throws -> Int {
+        guard let d = opendir(path) else { throw StartupError(description: "cannot open \(path)") }
+        defer { closedir(d) }
+        var n = 0
+        while let e = readdir(d) {
+            let name = withUnsafeBytes(of: e.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if name != "." && name != ".." { n += 1 }
+        }
+        return n - 1  // the directory stream's own descriptor
     }
 }
 

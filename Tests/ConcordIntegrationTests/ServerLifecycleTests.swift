@@ -87,6 +87,51 @@ struct ServerLifecycleTests {
         }
     }
 
+    @Test func aSocketInAMissingDirectorySaysSo() throws {
+        let (status, err) = try ServerProcess.runToExit(arguments: ["--socket", "/tmp/concord-no-such-dir-\(getpid())/s.sock"])
+        #expect(status == 1)
+        #expect(err.contains("does not exist"), "\(err)")
+    }
+
+    /// Out of file descriptors: accept failures are logged once per episode,
+    /// the server keeps serving, and accepts again once descriptors are free.
+    @Test func runningOutOfDescriptorsIsLoggedOnceAndRecovered() throws {
+        let dir = NSTemporaryDirectory() + "concord-emfile-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let sock = dir + "/s.sock"
+        let log = dir + "/err.log"
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/bin/sh")
+        p.arguments = ["-c", "ulimit -n 24 && exec \"$0\" --socket \"$1\" --cache none 2>\"$2\"", ServerProcess.binary.path, sock, log]
+        try p.run()
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL); p.waitUntilExit() } }
+        var first: WireClient?
+        for _ in 0..<200 where first == nil {
+            first = try? WireClient(path: sock)
+            if first == nil { usleep(20_000) }
+        }
+        guard let first else { throw TestFailure("server did not start") }
+        #expect(try first.request(#"{"op":"ping"}"#)["ok"] == true)
+        var clients: [WireClient] = []
+        for _ in 0..<40 { if let c = try? WireClient(path: sock, timeout: 2) { clients.append(c) } }
+        // The ones over the limit were accepted and closed at once (EOF), the rest answer.
+        var served = 0
+        for c in clients where (try? c.request(#"{"op":"ping"}"#))?["ok"] == true { served += 1 }
+        #expect(served < 40)
+        #expect(try first.request(#"{"op":"ping"}"#)["ok"] == true)
+        for c in clients { c.close() }
+        clients = []
+        usleep(200_000)
+        let again = try WireClient(path: sock)
+        #expect(try again.request(#"{"op":"ping"}"#)["ok"] == true)
+        kill(p.processIdentifier, SIGTERM)
+        p.waitUntilExit()
+        let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        #expect(text.components(separatedBy: "cannot accept connections").count - 1 == 1, "\(text)")
+        #expect(text.contains("accepting connections again"))
+    }
+
     @Test func statsReportsAllocatorFigures() throws {
         let server = try ServerProcess()
         let c = try server.connect()
