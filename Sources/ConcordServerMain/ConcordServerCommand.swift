@@ -56,7 +56,7 @@ struct ConcordServerCommand: ParsableCommand {
     var maxUnfinishedLineBytes: Int = 64 << 20
 
     @Option(help: "Lines the core takes from one connection per turn (fairness between connections).")
-    var linesPerTurn: Int = 256
+    var linesPerTurn: Int = 64
 
     @Option(help: "Sync durability: seconds an acknowledgement waits for a failing backend before it is answered as applied but not durable (\"durable\":false).")
     var syncTimeout: Double = 5

@@ -43,7 +43,7 @@ let dir = NSTemporaryDirectory() + "concord-bench-\(getpid())"
 try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
 
 nonisolated(unsafe) var step = 0
-let totalSteps = 12
+let totalSteps = 13
 /// Announces a scenario; false when `--only` excludes it.
 @discardableResult
 func progress(_ what: String) -> Bool {
@@ -55,7 +55,9 @@ func progress(_ what: String) -> Bool {
 
 func concord(threads: Int = 2) throws -> (ServerProc, ConcordSystem) {
     let sock = dir + "/concord.sock"
-    let p = try ServerProc(options.server, ["--socket", sock, "--cache", "none", "--threads", "\(threads)", "--log-level", "error"], socket: sock)
+    // CONCORD_BENCH_SERVER_ARGS: extra server options for experiments (space-separated).
+    let extra = (ProcessInfo.processInfo.environment["CONCORD_BENCH_SERVER_ARGS"] ?? "").split(separator: " ").map(String.init)
+    let p = try ServerProc(options.server, ["--socket", sock, "--cache", "none", "--threads", "\(threads)", "--log-level", "error"] + extra, socket: sock)
     return (p, ConcordSystem(socket: sock))
 }
 
@@ -64,6 +66,14 @@ func redis() throws -> (ServerProc, RedisSystem) {
     let p = try ServerProc(options.redis, ["--port", "0", "--unixsocket", sock, "--unixsocketperm", "700", "--save", "",
                                            "--appendonly", "no", "--client-output-buffer-limit", "pubsub 0 0 0",
                                            "--dir", dir], socket: sock)
+    return (p, RedisSystem(socket: sock))
+}
+
+/// Redis with its default client output buffer limits (the flood scenario: what Redis does by itself).
+func redisDefaults() throws -> (ServerProc, RedisSystem) {
+    let sock = dir + "/redis.sock"
+    let p = try ServerProc(options.redis, ["--port", "0", "--unixsocket", sock, "--unixsocketperm", "700", "--save", "",
+                                           "--appendonly", "no", "--dir", dir], socket: sock)
     return (p, RedisSystem(socket: sock))
 }
 
@@ -196,6 +206,39 @@ do {
     results["threads_speedup"] = (perThreads[2] ?? 0) / max(perThreads[1] ?? 1, 1)
     rows.append(("model-view fan-out, --threads 1 → 2 (events/s)", "\(fmt(perThreads[1] ?? 0)) → \(fmt(perThreads[2] ?? 0))", "-",
                  String(format: "×%.2f", results["threads_speedup"] ?? 0)))
+    }
+
+    // 7. Flood (issue 9): one writer that never reads, 10 readers, one slow reader, one pinger.
+    if progress("flood: unbounded writer, 10 readers, 1 slow reader, 1 pinger") {
+        let fd = options.full ? 15.0 : 5.0
+        let (cp, c) = try concord()
+        try c.prepare(channels: 100, offset: 0)
+        let cf = try flood(c, server: cp, duration: fd)
+        cp.stop()
+        let (rp, r) = try redisDefaults()
+        let rf = try flood(r, server: rp, duration: fd)
+        rp.stop()
+        results["flood_peak_rss_bytes"] = Double(cf.peakRSS)
+        results["redis_flood_peak_rss_bytes"] = Double(rf.peakRSS)
+        results["flood_reader_events_per_s"] = cf.readerEventsPerSecond
+        results["redis_flood_reader_events_per_s"] = rf.readerEventsPerSecond
+        results["flood_ping_p99_us"] = cf.pingP99us
+        results["redis_flood_ping_p99_us"] = rf.pingP99us
+        results["flood_slow_reader_dropped"] = cf.slowDropped ? 1 : 0
+        results["redis_flood_slow_reader_dropped"] = rf.slowDropped ? 1 : 0
+        results["flood_server_cpu_s"] = cf.serverCPUSeconds
+        results["redis_flood_server_cpu_s"] = rf.serverCPUSeconds
+        rows.append(("flood: peak RSS (MB)", String(format: "%.0f", Double(cf.peakRSS) / 1e6), String(format: "%.0f", Double(rf.peakRSS) / 1e6),
+                     String(format: "%.2f", Double(cf.peakRSS) / Double(max(rf.peakRSS, 1)))))
+        rows.append(("flood: 10 readers (events/s)", fmt(cf.readerEventsPerSecond), fmt(rf.readerEventsPerSecond),
+                     String(format: "%.2f", cf.readerEventsPerSecond / max(rf.readerEventsPerSecond, 1))))
+        rows.append(("flood: ping p50 / p99 / max (µs)", String(format: "%.0f / %.0f / %.0f", cf.pingP50us, cf.pingP99us, cf.pingMaxUs),
+                     String(format: "%.0f / %.0f / %.0f", rf.pingP50us, rf.pingP99us, rf.pingMaxUs),
+                     String(format: "p99 %.2f", cf.pingP99us / max(rf.pingP99us, 1))))
+        rows.append(("flood: slow reader (events read, dropped?)", "\(cf.slowEvents), \(cf.slowDropped ? "dropped" : "kept")",
+                     "\(rf.slowEvents), \(rf.slowDropped ? "dropped" : "kept")", "-"))
+        rows.append(("flood: writer's updates taken / server CPU s", "\(fmt(Double(cf.updatesWritten))) / \(String(format: "%.1f", cf.serverCPUSeconds))",
+                     "\(fmt(Double(rf.updatesWritten))) / \(String(format: "%.1f", rf.serverCPUSeconds))", "-"))
     }
 } catch {
     FileHandle.standardError.write(Data("concord-bench: \(error)\n".utf8))
