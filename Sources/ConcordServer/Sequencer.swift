@@ -51,6 +51,7 @@ final class Sequencer: @unchecked Sendable {
     private let deliver: @Sendable (Delivery) -> Void
     private let statsSource: ServerStatsSource
     private let linesPerTurn: Int
+    private let turnBudget: Double
     private let shutdownTimeout: Double
     private var storage: StorageThread?
 
@@ -90,6 +91,7 @@ final class Sequencer: @unchecked Sendable {
         statsSource = ServerStatsSource()
         engine.statsSource = statsSource
         linesPerTurn = max(1, configuration.linesPerTurn)
+        turnBudget = configuration.turnBudget
         shutdownTimeout = configuration.shutdownTimeout
         self.logger = logger
         self.deliver = deliver
@@ -154,7 +156,20 @@ final class Sequencer: @unchecked Sendable {
             condition.unlock()
             for input in batch { accept(input) }
             batch.removeAll(keepingCapacity: true)
-            let taken = turn()
+            // Rounds of `linesPerTurn` lines per lane until the turn's time
+            // budget is spent: one delivery per turn keeps hand-offs few, the
+            // budget keeps a small request's wait short under a flood.
+            var taken = false
+            let started = monotonicSeconds()
+            while turn() {
+                taken = true
+                if monotonicSeconds() - started >= turnBudget { break }
+                condition.lock()
+                swap(&batch, &inbox)
+                condition.unlock()
+                for input in batch { accept(input) }
+                batch.removeAll(keepingCapacity: true)
+            }
             checkSyncTimeout()
             let drained = checkShutdown()
             if engine.memoryLimit > 0 {
@@ -247,8 +262,9 @@ final class Sequencer: @unchecked Sendable {
         return 1
     }
 
-    /// Takes a fair share of every runnable lane, parses it (in parallel when
-    /// there are many lines) and answers it in order. Returns true when lines were taken.
+    /// One round: takes a fair share of every runnable lane, parses it (in
+    /// parallel when there are many lines) and answers it in order. Returns
+    /// true when lines were taken.
     private func turn() -> Bool {
         guard !ready.isEmpty else { return false }
         var picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []

@@ -35,9 +35,12 @@ public struct ServerConfiguration: Sendable {
     /// connections above which only one connection at a time may grow its
     /// line. Default 64 MiB.
     public var maxUnfinishedLineBytes = 64 << 20
-    /// Lines the sequencer takes from one connection per turn. Default 64
-    /// (measured: 256 gave a flooded server a 10 ms ping p50, 64 gives 2.7 ms, 16 costs throughput).
+    /// Lines the sequencer takes from one connection per round of a turn. Default 64.
     public var linesPerTurn = 64
+    /// Seconds of work after which a turn ends and its output is handed to
+    /// the loop (rounds of `linesPerTurn` lines per connection go on until
+    /// then). Default 2 ms: a request waits for at most about one turn.
+    public var turnBudget = 0.002
     /// Sync durability: seconds an acknowledgement waits for a failing backend
     /// before it is answered as applied but not durable. Default 5.
     public var syncTimeout = 5.0

@@ -55,8 +55,11 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(help: "Bytes of unfinished lines held for all connections above which only one connection at a time may grow its line.")
     var maxUnfinishedLineBytes: Int = 64 << 20
 
-    @Option(help: "Lines the core takes from one connection per turn (fairness between connections).")
+    @Option(help: "Lines the core takes from one connection per round (fairness between connections).")
     var linesPerTurn: Int = 64
+
+    @Option(help: "Milliseconds of work after which the core ends a turn and hands its output to the socket writer.")
+    var turnMs: Double = 2
 
     @Option(help: "Sync durability: seconds an acknowledgement waits for a failing backend before it is answered as applied but not durable (\"durable\":false).")
     var syncTimeout: Double = 5
@@ -106,6 +109,7 @@ struct ConcordServerCommand: ParsableCommand {
         if maxInboxBytes < maxInputBytes { throw ValidationError("--max-inbox-bytes must be at least --max-input-bytes") }
         if maxUnfinishedLineBytes < 0 { throw ValidationError("--max-unfinished-line-bytes must not be negative") }
         if linesPerTurn < 1 { throw ValidationError("--lines-per-turn must be at least 1") }
+        if !(turnMs >= 0) { throw ValidationError("--turn-ms must not be negative") }
         if !(syncTimeout >= 0) { throw ValidationError("--sync-timeout must not be negative") }
         if maxUnstoredRecords < 1 { throw ValidationError("--max-unstored-records must be at least 1") }
         if !(shutdownTimeout >= 0) { throw ValidationError("--shutdown-timeout must not be negative") }
@@ -149,6 +153,7 @@ struct ConcordServerCommand: ParsableCommand {
         config.maxInboxBytes = maxInboxBytes
         config.maxUnfinishedLineBytes = maxUnfinishedLineBytes
         config.linesPerTurn = linesPerTurn
+        config.turnBudget = turnMs / 1000
         config.shutdownTimeout = shutdownTimeout
         config.syncTimeout = syncTimeout
         config.maxUnstoredRecords = maxUnstoredRecords
