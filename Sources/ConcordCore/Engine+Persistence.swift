@@ -383,15 +383,7 @@ extension Engine {
     public func install(_ result: LoadResult) {
         guard let p = persistence, let ticket = p.tickets.removeValue(forKey: result.ticket) else { return }
         if let error = result.error {
-            for c in ticket.clients where clients[c.id] === c {
-                c.waitingTicket = nil
-                if let line = c.popBacklog() {
-                    var rid = JSON.null
-                    if case .value(.object(let o)) = line, let r = Request.rid(of: o) { rid = r }
-                    respondError(c, rid: rid, ProtocolError(.cacheError, "the cache backend failed to read: \(error)"))
-                }
-                drain(c)
-            }
+            failReads(ticket, "the cache backend failed to read: \(error)")
             return
         }
         if !ticket.touched.contains("*") {
@@ -499,16 +491,19 @@ extension Engine {
         releaseDurable(upTo: Int.max, failure: reason)
         let tickets = p.tickets
         p.tickets = [:]
-        for (_, ticket) in tickets {
-            for c in ticket.clients where clients[c.id] === c {
-                c.waitingTicket = nil
-                if let line = c.popBacklog() {
-                    var rid = JSON.null
-                    if case .value(.object(let o)) = line, let r = Request.rid(of: o) { rid = r }
-                    respondError(c, rid: rid, ProtocolError(.cacheError, "the cache backend did not answer a read: \(reason)"))
-                }
-                drain(c)
+        for (_, ticket) in tickets { failReads(ticket, "the cache backend did not answer a read: \(reason)") }
+    }
+
+    /// Answers each request parked on `ticket` with `cache_error`, then what waited behind it.
+    private func failReads(_ ticket: LoadTicket, _ message: String) {
+        for c in ticket.clients where clients[c.id] === c {
+            c.waitingTicket = nil
+            if let line = c.popBacklog() {
+                var rid = JSON.null
+                if case .value(.object(let o)) = line, let r = Request.rid(of: o) { rid = r }
+                respondError(c, rid: rid, ProtocolError(.cacheError, message))
             }
+            drain(c)
         }
     }
 
