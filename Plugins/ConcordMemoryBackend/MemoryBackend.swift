@@ -16,7 +16,9 @@ final class MemoryBackend {
         let key: [UInt8]
         var value: [UInt8]
         var written: Int64
-        var prev: Entry?
+        // `prev` is weak: two strong links would make every pair of
+        // neighbours a cycle, and no entry would ever be freed.
+        weak var prev: Entry?
         var next: Entry?
         init(key: [UInt8], value: [UInt8], written: Int64) {
             self.key = key

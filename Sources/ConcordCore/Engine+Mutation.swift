@@ -179,7 +179,7 @@ extension Engine {
 
         // Parallel part: each item owns one view or one entity payload.
         var modelResults = [ModelRender](repeating: ModelRender(), count: models.count)
-        var keyPayloads = [OutputBytes?](repeating: nil, count: keys.count)
+        var keyPayloads = [(payload: OutputBytes, changed: Bool)?](repeating: nil, count: keys.count)
         var entityPayloads = [OutputBytes?](repeating: nil, count: entityIDs.count)
         var listPayloads = [OutputBytes?](repeating: nil, count: lists.count)
         let entityList = entityIDs
@@ -249,8 +249,8 @@ extension Engine {
             if keyEnded[k] {
                 endAll(view, seq: seq, context: context)
                 keyViews[view.key] = nil
-            } else if let payload = keyPayloads[k] {
-                send(payload, to: view, event: "update", seq: seq, origins: origins, context: context)
+            } else if let (payload, changed) = keyPayloads[k] {
+                send(payload, to: view, event: "update", seq: seq, changed: changed, origins: origins, context: context)
             }
         }
         for (l, view) in lists.enumerated() {
@@ -258,19 +258,21 @@ extension Engine {
                 endAll(view, seq: seq, context: context)
                 collectionViews[view.name] = nil
             } else if let payload = listPayloads[l] {
-                send(payload, to: view, event: "collection", seq: seq, origins: origins, context: context)
+                send(payload, to: view, event: "collection", seq: seq, changed: store.collectionsChanged.contains(view.name),
+                     origins: origins, context: context)
             }
         }
         for (e, id) in entityIDs.enumerated() {
             let payload = entityPayloads[e]!
+            let changed = store.valueBeforeMutation(id) != (store.entity(id) ?? .null)
             if let ws = idWatchers[id] {
-                for s in ws.values { sendEntity(s, id, payload, seq: seq, origins: origins, context: context) }
+                for s in ws.values { sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context) }
             }
             if !feeds.isEmpty && (change.recordChanged.contains(id) || change.deleted.contains(id)) {
                 let type = Tree.type(of: id)
                 for s in feeds.values {
                     if case .feed(let types?) = s.kind, !types.contains(type) { continue }
-                    sendEntity(s, id, payload, seq: seq, origins: origins, context: context)
+                    sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context)
                 }
             }
         }
@@ -289,13 +291,17 @@ extension Engine {
     }
 
     /// One shared payload to every running subscriber of a view, each with its own header.
-    private func send(_ payload: OutputBytes, to view: SharedView, event: StaticString, seq: Int,
+    /// `changed`: false when a forced write changed nothing (a held-back
+    /// subscription then keeps the context of the last real change, §5).
+    private func send(_ payload: OutputBytes, to view: SharedView, event: StaticString, seq: Int, changed: Bool,
                       origins: Set<ObjectIdentifier>, context: JSON?) {
         view.forEach { s in
             if let p = s.pause {
-                p.changed = true
-                p.context = context
-                noteHeldBack(s, p)
+                if changed {
+                    p.changed = true
+                    p.context = context
+                    noteHeldBack(s, p)
+                }
                 return
             }
             if origins.contains(ObjectIdentifier(s)) { return }
@@ -305,8 +311,10 @@ extension Engine {
         }
     }
 
-    private func sendEntity(_ s: Subscription, _ id: String, _ payload: OutputBytes, seq: Int, origins: Set<ObjectIdentifier>, context: JSON?) {
+    private func sendEntity(_ s: Subscription, _ id: String, _ payload: OutputBytes, seq: Int, changed: Bool,
+                            origins: Set<ObjectIdentifier>, context: JSON?) {
         if let p = s.pause {
+            guard changed else { return }
             if p.entities[id] == nil {
                 p.entities[id] = store.valueBeforeMutation(id)
                 p.order.append(id)
@@ -381,13 +389,14 @@ extension Engine {
     }
 
     /// Encodes one key's new document once for all its subscribers. Runs on a worker.
-    private func renderKey(_ view: KeyView, forced: Bool, context: JSON?) -> OutputBytes? {
+    private func renderKey(_ view: KeyView, forced: Bool, context: JSON?) -> (payload: OutputBytes, changed: Bool)? {
         let new = store.document(view.key)
         let old = view.value
-        guard forced || old != new else { return nil }
+        let changed = old != new
+        guard forced || changed else { return nil }
         var w = JSONWriter(capacity: 256)
         writeDocumentBody(&w, old: old, new: new, context: context)
         view.value = new
-        return OutputBytes(w.bytes)
+        return (OutputBytes(w.bytes), changed)
     }
 }

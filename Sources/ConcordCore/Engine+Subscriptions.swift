@@ -13,7 +13,7 @@ extension Engine {
         case .model(let model, let refresh):
             var value = model
             if refresh {
-                value = tree.substituteAny(model) { store.entity($0) }.0
+                value = tree.substituteKnown(model) { store.entity($0) }
             }
             let view = ModelView(tree: value, ids: Set(tree.identities(value).order))
             let s = Subscription(client: c, name: name, kind: .model(view))

@@ -120,14 +120,16 @@ extension Store {
     // MARK: Propagation from entities
 
     /// Every index holding `id` gets its current value and an `update` change.
-    func refreshInCollections(_ id: String) {
+    /// `changed`: false for a forced rewrite of an unchanged entity (its
+    /// `update` changes are sent, but the list did not change).
+    func refreshInCollections(_ id: String, changed: Bool = true) {
         guard let holders = collectionReferrers[id], let value = entities[id]?.value else { return }
         for name in holders.keys {
             guard let record = touchCollection(name, create: false) else { continue }
             for i in record.ids.indices where record.ids[i] == id {
                 collectionUndo.append(.setValue(name, index: i, value: record.values[i]))
                 record.values[i] = value
-                recordChange(name, .update(index: i, item: value))
+                recordChange(name, .update(index: i, item: value), changed: changed)
             }
         }
     }
@@ -213,7 +215,8 @@ extension Store {
         }
     }
 
-    private func recordChange(_ name: String, _ c: CollectionChange) {
+    private func recordChange(_ name: String, _ c: CollectionChange, changed: Bool = true) {
+        if changed { collectionsChanged.insert(name) }
         touchedCollections.insert(name)
         if case .update(let i, _) = c, case .update(let j, _)? = collectionChanges[name]?.last, i == j {
             collectionChanges[name]![collectionChanges[name]!.count - 1] = c

@@ -86,6 +86,8 @@ final class Store {
     var touchedCollections: Set<String> = []
     /// The running mutation's changes per collection, in order.
     var collectionChanges: [String: [CollectionChange]] = [:]
+    /// Collections whose list really changed in the running mutation (not only forced rewrites).
+    var collectionsChanged: Set<String> = []
     /// Required members per type, and the order types were first declared in.
     private(set) var required: [String: Set<String>] = [:]
     private(set) var requiredLists: [(type: String, members: [String])] = []
@@ -106,6 +108,7 @@ final class Store {
         if !documentJournal.isEmpty { documentJournal.removeAll(keepingCapacity: true) }
         if !collectionUndo.isEmpty { collectionUndo.removeAll(keepingCapacity: true) }
         if !collectionChanges.isEmpty { collectionChanges.removeAll(keepingCapacity: true) }
+        if !collectionsChanged.isEmpty { collectionsChanged.removeAll(keepingCapacity: true) }
         if !touchedCollections.isEmpty { touchedCollections.removeAll(keepingCapacity: true) }
     }
 
@@ -247,7 +250,7 @@ final class Store {
             }
             change.forcedHolders = holders
             change.documentsForced = docs
-            for h in holders where !change.valueChanged.contains(h) { refreshInCollections(h) }
+            for h in holders where !change.valueChanged.contains(h) { refreshInCollections(h, changed: false) }
         }
         if let key = u.key {
             let value = tree.substituteAny(u.model) { entities[$0]?.value }.0

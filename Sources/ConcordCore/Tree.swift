@@ -83,6 +83,22 @@ struct Tree {
         }
     }
 
+    /// Every entity `lookup` knows, at any depth and every occurrence, replaced
+    /// by its value; an entity it does not know keeps its own members, with the
+    /// known entities inside it replaced (`subscribe` with `refresh`).
+    func substituteKnown(_ value: JSON, _ lookup: (String) -> JSON?) -> JSON {
+        switch value {
+        case .object(var o):
+            if let id = o.identity(idKey: idKey), let r = lookup(id) { return r }
+            for i in o.members.indices { o.members[i].value = substituteKnown(o.members[i].value, lookup) }
+            return .object(o)
+        case .array(let a):
+            return .array(a.map { substituteKnown($0, lookup) })
+        default:
+            return value
+        }
+    }
+
     /// Like `substituteNested` but `value` itself is replaced too when it is an entity.
     func substituteAny(_ value: JSON, _ lookup: (String) -> JSON?) -> (JSON, Bool) {
         switch value {

@@ -201,6 +201,11 @@ public final class Server {
             "concord.memory_limit": "\(configuration.memoryLimit)",
         ])
         uv_run(loop, UV_RUN_DEFAULT)
+        // Every handle is closed by now: free what the loop owned.
+        uv_loop_close(loop)
+        loop.deallocate()
+        wakeHandle.deallocate()
+        readBuffer.deallocate()
         // A second signal must not cut the final store short (SIGKILL still does).
         signal(SIGTERM, SIG_IGN)
         signal(SIGINT, SIG_IGN)

@@ -40,8 +40,20 @@ final class WireClient: @unchecked Sendable {
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
     }
 
-    func close() { Glibc.close(fd) }
-    deinit { Glibc.close(fd) }
+    private var closed = false
+    private let closeLock = NSLock()
+
+    /// Closes once: a second close could shut a descriptor number another
+    /// test (suites run in parallel) has been given since.
+    func close() {
+        closeLock.lock()
+        defer { closeLock.unlock() }
+        guard !closed else { return }
+        closed = true
+        Glibc.close(fd)
+    }
+
+    deinit { close() }
 
     func write(_ bytes: [UInt8]) throws {
         var off = 0
