@@ -4,7 +4,7 @@ APT_PACKAGES := libuv1-dev libjemalloc-dev libsqlite3-dev pkg-config gcc
 SOCKET ?= $(if $(CONCORD_SOCKET),$(CONCORD_SOCKET),/tmp/concord.sock)
 SWIFT_TEST_FLAGS ?=
 
-.PHONY: run test build release deps clean soak bench bench-full bench-deps
+.PHONY: run test build release deps clean soak bench bench-full bench-deps sanitize sanitize-thread sanitize-address fuzz
 
 # Installs the Debian packages the build needs when one is missing.
 deps:
@@ -33,6 +33,29 @@ test: deps
 soak: deps
 	swift build
 	CONCORD_SOAK=1 swift test --filter 'Stress|Robustness'
+
+# The whole suite under ThreadSanitizer, then AddressSanitizer (README, "Sanitizers").
+# Workarounds built in: the executables export the sanitizer runtime's symbols
+# so plugins built with it load (scripts/sanitizer-exports.list); the
+# sanitizer's C++ runtime is linked (jemalloc's C++ operators); jemalloc's
+# background thread is off (it crashes under TSan). A report from any process
+# (the test runner, every spawned server) fails the run. SOAK=1 adds make soak.
+SANITIZER_FLAGS = -Xlinker --dynamic-list=$(CURDIR)/scripts/sanitizer-exports.list -Xswiftc -Xclang-linker -Xswiftc -fsanitize-link-c++-runtime
+sanitize: sanitize-thread sanitize-address
+
+sanitize-thread sanitize-address: sanitize-%: deps
+	rm -rf .build-$*san/reports && mkdir -p .build-$*san/reports
+	swift build --build-tests --sanitize=$* --scratch-path .build-$*san $(SANITIZER_FLAGS)
+	$(if $(SOAK),CONCORD_SOAK=1,) CONCORD_SANITIZER=$* MALLOC_CONF=background_thread:false SWIFT_BACKTRACE=enable=no \
+	TSAN_OPTIONS="log_path=$(CURDIR)/.build-$*san/reports/report" ASAN_OPTIONS="log_path=$(CURDIR)/.build-$*san/reports/report:detect_leaks=1" \
+	swift test --sanitize=$* --scratch-path .build-$*san $(SANITIZER_FLAGS) $(if $(SOAK),--filter 'Stress|Robustness',) $(SWIFT_TEST_FLAGS)
+	@if ls .build-$*san/reports/report.* >/dev/null 2>&1; then \
+		echo "$* sanitizer reports:"; cat .build-$*san/reports/report.*; exit 1; \
+	else echo "$* sanitizer: no reports"; fi
+
+# libFuzzer targets (Tests/Fuzz), FUZZ_SECONDS each (default 60); FUZZ_TARGETS to pick.
+fuzz:
+	scripts/fuzz.sh $(FUZZ_TARGETS)
 
 # Benchmarks: Concord next to Redis pub/sub (Benchmarks/ConcordBench, its own package).
 bench-deps: deps

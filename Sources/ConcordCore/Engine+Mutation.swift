@@ -105,6 +105,9 @@ extension Engine {
             client.coalesced = []
         }
         modelWatchers = [:]
+        // A shared view and its subscribers hold each other: break the links.
+        for v in keyViews.values { v.removeAll() }
+        for v in collectionViews.values { v.removeAll() }
         keyViews = [:]
         collectionViews = [:]
         idWatchers = [:]

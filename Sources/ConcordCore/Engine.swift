@@ -20,6 +20,9 @@ public struct EngineConfiguration: Sendable {
     /// coalesce instead of queueing every event (PROTOCOL.md §6.6). 0: never.
     /// Default 1 MiB.
     public var outputSoftBytes = 1 << 20
+    /// Check every index against the records after each mutation
+    /// (Engine+Invariants.swift). Default: `CONCORD_INTERNAL_CHECKS` set.
+    public var internalChecks = Engine.internalChecksFromEnvironment
     /// Reported by `hello`.
     public var serverName = "concord-server"
     public var version = "0.1.0"
@@ -85,6 +88,12 @@ public final class Engine {
         self.parser = JSONParser(maxDepth: configuration.maxDepth)
     }
 
+    deinit {
+        // Shared views and their subscriptions hold each other; unregistering
+        // breaks the links, so a discarded engine frees everything.
+        for id in Array(clients.keys) { close(id) }
+    }
+
     // MARK: Connections
 
     /// A new connection. `flow` is shared with the driver (see ``ConnectionFlow``).
@@ -97,6 +106,7 @@ public final class Engine {
         guard let c = clients.removeValue(forKey: id) else { return }
         for s in c.subs.values { unregister(s) }
         c.subs = [:]
+        checkInvariantsIfEnabled()
     }
 
     public var connectionCount: Int { clients.count }
@@ -201,6 +211,7 @@ public final class Engine {
         } catch {
             respondError(c, rid: request.rid, error)
         }
+        checkInvariantsIfEnabled()
     }
 
     func dispatch(_ r: Request, _ c: Client) throws(ProtocolError) {

@@ -467,3 +467,53 @@ final class Store {
 func clipID(_ s: String) -> String {
     s.count > 64 ? String(s.prefix(64)) + "…" : s
 }
+
+// MARK: - Internal consistency (CONCORD_INTERNAL_CHECKS)
+
+extension Store {
+    /// Every way the normalized structure can disagree with itself, as
+    /// sentences (empty when consistent). O(size of the store): for tests,
+    /// stress, fuzzing and debug runs only.
+    func invariantViolations() -> [String] {
+        var problems: [String] = []
+        func note(_ s: String) { if problems.count < 20 { problems.append(s) } }
+        var expectedReferrers: [String: [String: Int]] = [:]
+        for (id, rec) in entities {
+            let children = tree.nestedEntities(rec.value)
+            if children != rec.children { note("entity \(id): children \(rec.children) but its value holds \(children)") }
+            for (c, n) in rec.children {
+                expectedReferrers[c, default: [:]][id] = n
+                // A resident record's references are resident, and materialized.
+                if entities[c] == nil { note("entity \(id) references \(c), which is not resident") }
+            }
+            if tree.substituteNested(rec.value, { self.entities[$0]?.value }) != rec.value {
+                note("entity \(id) is not materialized with its children's current values")
+            }
+        }
+        if expectedReferrers != referrers { note("the referrer index disagrees with the records' children") }
+        var expectedDocReferrers: [String: [String: Int]] = [:]
+        for (key, doc) in documents {
+            let children = tree.topEntities(doc.value)
+            if children != doc.children { note("document \(key): children \(doc.children) but its value holds \(children)") }
+            for (c, n) in doc.children {
+                expectedDocReferrers[c, default: [:]][key] = n
+                if entities[c] == nil { note("document \(key) references \(c), which is not resident") }
+            }
+            if tree.substituteAny(doc.value, { self.entities[$0]?.value }).0 != doc.value {
+                note("document \(key) is not materialized with its entities' current values")
+            }
+        }
+        if expectedDocReferrers != documentReferrers { note("the document referrer index disagrees with the documents") }
+        var expectedCollectionReferrers: [String: [String: Int]] = [:]
+        for (name, c) in collections {
+            if c.ids.count != c.values.count { note("collection \(name): \(c.ids.count) ids but \(c.values.count) values"); continue }
+            for (i, id) in c.ids.enumerated() {
+                expectedCollectionReferrers[id, default: [:]][name, default: 0] += 1
+                guard let e = entities[id] else { note("collection \(name)[\(i)] is \(id), which is not resident"); continue }
+                if e.value != c.values[i] { note("collection \(name)[\(i)] holds an old value of \(id)") }
+            }
+        }
+        if expectedCollectionReferrers != collectionReferrers { note("the collection referrer index disagrees with the collections") }
+        return problems
+    }
+}

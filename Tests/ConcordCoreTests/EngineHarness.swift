@@ -13,6 +13,9 @@ final class EngineHarness {
     fileprivate var conns: [ConnectionID: TestConn] = [:]
 
     init(configuration: EngineConfiguration = EngineConfiguration(), executor: any ParallelExecutor = InlineExecutor()) {
+        // Every core test runs with the internal checks on.
+        var configuration = configuration
+        configuration.internalChecks = true
         engine = Engine(configuration: configuration, executor: executor)
     }
 

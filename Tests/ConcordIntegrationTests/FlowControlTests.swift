@@ -70,13 +70,11 @@ struct FlowControlTests {
         }
         var peak = 0
         var lastSeen = -1
-        let start = Date()
-        var pings = 0
-        while Date().timeIntervalSince(start) < 4 {
-            let t0 = Date()
+        // While the flood goes on, every ping is answered (a ping stuck behind
+        // the flood would hit the client's read timeout and fail the test).
+        for _ in 0..<40 {
             #expect(try pinger.request(#"{"op":"ping"}"#)["ok"] == true)
-            #expect(Date().timeIntervalSince(t0) < 2, "a ping waited behind the flood")
-            pings += 1
+            usleep(100_000)
             // The reader keeps receiving, never older values.
             reader.setTimeout(2)
             if let e = try reader.readJSON(), let n = e["model"]?["n"]?.numberValue?.intValue {
@@ -86,11 +84,12 @@ struct FlowControlTests {
             peak = max(peak, Self.rss(server))
         }
         flood.stop()
-        #expect(pings > 20)
+        #expect(flood.sent > 10_000, "the flood was not a flood")
         #expect(lastSeen > 0, "the reader got no event")
         // Bound: inbox 4 MiB + per-connection input/output limits + the store
-        // (one document) + runtime; far below what an unbounded inbox reached (GBs).
-        #expect(peak < 256 << 20, "peak RSS \(peak >> 20) MiB")
+        // (one document) + runtime; far below what an unbounded inbox reached
+        // (GBs). A sanitizer's shadow memory makes RSS meaningless.
+        if !Sanitizer.active { #expect(peak < 256 << 20, "peak RSS \(peak >> 20) MiB") }
         #expect(try pinger.request(#"{"op":"stats"}"#)["ok"] == true)
         #expect(server.stop() == 0)
     }
@@ -108,12 +107,12 @@ struct FlowControlTests {
         let stats = try other.request(#"{"op":"stats"}"#)
         #expect(stats["connections"] == 2, "the non-reader is not dropped: its output is bounded instead")
         flood.stop()
-        #expect(peak < 128 << 20, "peak RSS \(peak >> 20) MiB")
+        if !Sanitizer.active { #expect(peak < 128 << 20, "peak RSS \(peak >> 20) MiB") }
         #expect(server.stop() == 0)
     }
 
     @Test func aReadingSubscriberIsNeverDroppedAndSeesTheFinalValue() throws {
-        let server = try ServerProcess(arguments: ["--max-output-bytes", "1048576", "--output-soft-bytes", "65536"])
+        let server = try ServerProcess(arguments: ["--max-output-bytes", "1048576", "--output-soft-bytes", "65536"], environment: internalChecks)
         let sub = try server.connect()
         try sub.request(#"{"op":"subscribe","sub":"k","key":"k"}"#)
         try sub.request(#"{"op":"subscribe","sub":"f","feed":{}}"#)
@@ -151,7 +150,7 @@ struct FlowControlTests {
     }
 
     @Test func aSubscriberThatStopsReadingIsCoalescedThenCatchesUp() throws {
-        let server = try ServerProcess(arguments: ["--max-output-bytes", "65536", "--output-soft-bytes", "16384"])
+        let server = try ServerProcess(arguments: ["--max-output-bytes", "65536", "--output-soft-bytes", "16384"], environment: internalChecks)
         let slow = try server.connect()
         try slow.request(#"{"op":"subscribe","sub":"s","key":"k"}"#)
         let fast = try server.connect()

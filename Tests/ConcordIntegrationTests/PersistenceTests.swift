@@ -87,7 +87,8 @@ struct PersistenceTests {
         #expect((cache["evictions"]?.numberValue?.intValue ?? 0) > 0)
     }
 
-    @Test func memoryLimitEvictsUnwatchedRecordsAndReadsThemBack() throws {
+    @Test(.disabled(if: Sanitizer.active, Sanitizer.jemallocReason))
+    func memoryLimitEvictsUnwatchedRecordsAndReadsThemBack() throws {
         let db = Self.tempPath("c.sqlite")
         let server = try ServerProcess(arguments: ["--cache", "sqlite", "--cache-path", db, "--cache-max-bytes", "0",
                                                    "--memory-limit", "24000000"])

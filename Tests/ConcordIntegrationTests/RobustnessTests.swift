@@ -36,7 +36,7 @@ struct RobustnessTests {
 
     @Test(arguments: StressTests.soak ? Array(1...40) : [1, 2] as [UInt64])
     func randomRequestsAndBytesNeverCrashTheServer(seed: UInt64) throws {
-        let server = try ServerProcess(arguments: ["--max-depth", "16", "--max-line-bytes", "4096"])
+        let server = try ServerProcess(arguments: ["--max-depth", "16", "--max-line-bytes", "4096"], environment: internalChecks)
         let bystander = try server.connect()
         try bystander.request(#"{"op":"subscribe","sub":"watch","key":"k"}"#)
         let c = try server.connect()

@@ -132,7 +132,8 @@ struct ServerLifecycleTests {
         #expect(text.contains("accepting connections again"))
     }
 
-    @Test func statsReportsAllocatorFigures() throws {
+    @Test(.disabled(if: Sanitizer.active, Sanitizer.jemallocReason))
+    func statsReportsAllocatorFigures() throws {
         let server = try ServerProcess()
         let c = try server.connect()
         try c.request(#"{"op":"subscribe","sub":"a","key":"k"}"#)

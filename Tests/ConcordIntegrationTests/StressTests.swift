@@ -16,7 +16,7 @@ struct StressTests {
     /// the parallel paths are the ones under test.
     @Test(arguments: soak ? Array(1...8) : [1, 2])
     func randomConcurrentOperationsKeepEveryViewConsistent(seed: UInt64) throws {
-        let server = try ServerProcess(arguments: ["--threads", "2", "--parallel-threshold", "1"])
+        let server = try ServerProcess(arguments: ["--threads", "2", "--parallel-threshold", "1"], environment: internalChecks)
         try server.connect().request(#"{"op":"schema","required":{"Msg":["from"]}}"#)
         let workers = 6
         let opsPerWorker = Self.soak ? 3000 : 250
@@ -267,7 +267,7 @@ final class Player: @unchecked Sendable {
 struct CollectionStressTests {
     @Test(arguments: StressTests.soak ? Array(1...10) : [1, 2, 3] as [UInt64])
     func concurrentWritersAndAnObserverConverge(seed: UInt64) throws {
-        let server = try ServerProcess(arguments: ["--threads", "2", "--parallel-threshold", "1"])
+        let server = try ServerProcess(arguments: ["--threads", "2", "--parallel-threshold", "1"], environment: internalChecks)
         let setup = try server.connect()
         try setup.request(#"{"op":"schema","required":{"Row":["owner"]}}"#)
         let observer = try server.connect()

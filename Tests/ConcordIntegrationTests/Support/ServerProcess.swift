@@ -23,7 +23,9 @@ final class ServerProcess {
     }
 
     /// `directory`: reuse another server's folder (same socket path), e.g. to restart it.
-    init(arguments: [String] = [], socketName: String = "s.sock", directory: URL? = nil) throws {
+    /// `environment`: added to the test's own (e.g. `CONCORD_INTERNAL_CHECKS`).
+    init(arguments: [String] = [], socketName: String = "s.sock", directory: URL? = nil,
+         environment: [String: String] = [:]) throws {
         let bin = Self.binary
         guard FileManager.default.isExecutableFile(atPath: bin.path) else {
             throw TestFailure("concord-server not found at \(bin.path); run `swift build` first (make test does)")
@@ -37,6 +39,9 @@ final class ServerProcess {
         process = Process()
         process.executableURL = bin
         process.arguments = ["--socket", socketPath] + arguments
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        }
         process.standardError = try FileHandle(forWritingTo: stderrURL)
         process.standardOutput = FileHandle.nullDevice
         try process.run()
@@ -105,4 +110,17 @@ final class ServerProcess {
 struct TestFailure: Error, CustomStringConvertible {
     let description: String
     init(_ d: String) { description = d }
+}
+
+/// Set by `make sanitize` (thread or address): the processes run under a
+/// sanitizer, which replaces jemalloc as the allocator, so jemalloc's figures
+/// (`stats.memory`, `--memory-limit`) say nothing there.
+/// The core's internal checks (Engine+Invariants.swift) for a spawned server:
+/// after every request its indexes are checked against its records.
+let internalChecks = ["CONCORD_INTERNAL_CHECKS": "1"]
+
+enum Sanitizer {
+    static var name: String? { ProcessInfo.processInfo.environment["CONCORD_SANITIZER"] }
+    static var active: Bool { name != nil }
+    static let jemallocReason: Comment = "depends on jemalloc's figures; a sanitizer replaces the allocator"
 }

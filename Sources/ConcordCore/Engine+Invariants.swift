@@ -1,0 +1,93 @@
+import ConcordJSON
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Internal consistency checks (in the spirit of swift-collections'
+/// `_checkInvariants`): after every mutation, when turned on, the store's
+/// indexes must agree with its records and every view index with the views.
+/// Off by default and free then; `CONCORD_INTERNAL_CHECKS=1` in the
+/// environment (or `EngineConfiguration.internalChecks`) turns them on for
+/// stress, robustness and fuzz runs. A violation stops the process: it is a
+/// bug in the core, and the state would only drift further.
+extension Engine {
+    /// Whether the environment asks for the checks.
+    public static var internalChecksFromEnvironment: Bool {
+        guard let v = getenv("CONCORD_INTERNAL_CHECKS") else { return false }
+        let s = String(cString: v)
+        return !s.isEmpty && s != "0"
+    }
+
+    /// Every disagreement found, as sentences (empty: consistent).
+    public func invariantViolations() -> [String] {
+        var problems = store.invariantViolations()
+        func note(_ s: String) { if problems.count < 40 { problems.append(s) } }
+        var subs = 0
+        for (id, c) in clients {
+            if c.id != id { note("client \(id) is filed as \(c.id)") }
+            subs += c.subs.count
+            for (name, s) in c.subs {
+                if s.name != name { note("client \(id): subscription \(name) is named \(s.name)") }
+                if s.client !== c { note("client \(id): subscription \(name) points at another client") }
+                switch s.kind {
+                case .model(let view):
+                    if view.sub !== s { note("\(name): its model view points at another subscription") }
+                    let ids = Set(tree.identities(view.tree).order)
+                    if ids != view.ids { note("\(name): watches \(view.ids.sorted()) but holds \(ids.sorted())") }
+                    for i in view.ids where modelWatchers[i]?[ObjectIdentifier(view)] !== view {
+                        note("\(name): \(i) is not indexed to its model view")
+                    }
+                case .key(let view):
+                    if keyViews[view.key] !== view { note("\(name): key view \(view.key) is not the indexed one") }
+                    var found = false
+                    view.forEach { if $0 === s { found = true } }
+                    if !found { note("\(name): not among its key view's subscribers") }
+                case .collection(let view):
+                    if collectionViews[view.name] !== view { note("\(name): collection view \(view.name) is not the indexed one") }
+                    var found = false
+                    view.forEach { if $0 === s { found = true } }
+                    if !found { note("\(name): not among its collection view's subscribers") }
+                case .ids(let list):
+                    for i in list where idWatchers[i]?[ObjectIdentifier(s)] !== s { note("\(name): \(i) is not indexed to it") }
+                case .feed:
+                    if feeds[ObjectIdentifier(s)] !== s { note("\(name): not in the feed index") }
+                }
+                if let p = s.pause, p.listed, !c.coalesced.contains(where: { $0 === s }) {
+                    note("\(name): marked as owed a coalesced event but not listed")
+                }
+            }
+        }
+        if subs != subscriptionCount { note("subscription count \(subscriptionCount) but clients hold \(subs)") }
+        // Every index entry points at a live view that holds that identity.
+        for (id, views) in modelWatchers {
+            for (_, v) in views {
+                guard let s = v.sub else { note("\(id) is indexed to a model view with no subscription"); continue }
+                if s.client.subs[s.name] !== s { note("\(id) is indexed to a model view of a closed subscription") }
+                if !v.ids.contains(id) { note("\(id) is indexed to a model view that does not hold it") }
+            }
+        }
+        for (key, view) in keyViews {
+            if view.isEmpty { note("key view \(key) has no subscriber") }
+            view.forEach { s in if s.client.subs[s.name] !== s { note("key view \(key) holds a closed subscription") } }
+        }
+        for (name, view) in collectionViews {
+            if view.isEmpty { note("collection view \(name) has no subscriber") }
+            view.forEach { s in if s.client.subs[s.name] !== s { note("collection view \(name) holds a closed subscription") } }
+        }
+        for (id, watchers) in idWatchers {
+            for (_, s) in watchers where s.client.subs[s.name] !== s { note("\(id) is indexed to a closed ids subscription") }
+        }
+        for (_, s) in feeds where s.client.subs[s.name] !== s { note("the feed index holds a closed subscription") }
+        return problems
+    }
+
+    /// Stops the process when a check fails (called after every mutation when on).
+    func checkInvariantsIfEnabled() {
+        guard configuration.internalChecks else { return }
+        let problems = invariantViolations()
+        if !problems.isEmpty {
+            preconditionFailure("Concord internal check failed after seq \(seq):\n" + problems.joined(separator: "\n"))
+        }
+    }
+}
