@@ -21,6 +21,10 @@ import Glibc
 /// for await event in sub.events { print(event) }
 /// ```
 public final class ConcordClient: @unchecked Sendable {
+    /// The deepest line the client reads: twice the server's largest
+    /// `--max-depth` (10,000) plus the envelope of an event.
+    static let maxMessageDepth = 2 * 10_000 + 16
+
     // Sendable: mutable state lives in `state`, guarded by `lock`.
 
     /// Connection settings. Every member has a default.
@@ -141,6 +145,8 @@ public final class ConcordClient: @unchecked Sendable {
         }
         let reader = Thread { [self] in self.readLoop(fd: fd, generation: generation) }
         reader.name = "concord-client-reader"
+        // Parsing is recursive: room for `maxMessageDepth` levels.
+        reader.stackSize = 64 << 20
         reader.start()
     }
 
@@ -199,7 +205,10 @@ public final class ConcordClient: @unchecked Sendable {
     private func readLoop(fd: Int32, generation: Int) {
         var buffer: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 1 << 16)
-        let parser = JSONParser(maxDepth: 100_000)
+        // Stored values nest at most `--max-depth` − 1 levels (at most 10,000);
+        // a private model view can hold a stored value at a position as deep,
+        // and the message around it adds a few levels.
+        let parser = JSONParser(maxDepth: Self.maxMessageDepth)
         var group: EntityGroup?
         while true {
             let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }

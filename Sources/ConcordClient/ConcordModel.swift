@@ -70,7 +70,8 @@ public enum ModelCoding {
     public static func json<M: Encodable>(_ model: M) throws -> JSON {
         do {
             let data = try JSONEncoder().encode(model)
-            return try JSONParser(maxDepth: 100_000).parse(Array(data))
+            // A model the app encodes; the server refuses what nests deeper than its --max-depth.
+            return try JSONParser(maxDepth: ConcordClient.maxMessageDepth).parse(Array(data))
         } catch {
             throw ConcordError(.encoding, "cannot encode \(M.self): \(error)")
         }

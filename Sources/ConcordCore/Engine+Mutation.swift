@@ -82,6 +82,7 @@ extension Engine {
                     throw ProtocolError(.badRequest, "not allowed in a batch")
                 }
             }
+            try checkStoredDepth(change)
         } catch {
             store.rollback()
             throw isBatch ? error.prefixed("ops[\(index)]") : error
@@ -92,6 +93,23 @@ extension Engine {
         store.commit()
         if holdUntilDurable(c, rid: rid) { return }
         respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
+    }
+
+    /// Stored values never nest deeper than a request may (`--max-depth` − 1:
+    /// the request object is level 1), however entities are combined: every
+    /// reader (encoder, record codec, SDK) can then rely on that bound.
+    private func checkStoredDepth(_ change: StoreChange) throws(ProtocolError) {
+        let limit = configuration.maxDepth - 1
+        for id in change.valueChanged {
+            if let v = store.entity(id), v.nests(deeperThan: limit) {
+                throw ProtocolError(.tooDeep, "the value of '\(clipID(id))' would nest deeper than \(limit) levels with its entities; nothing was applied")
+            }
+        }
+        for key in change.documentsChanged {
+            if let v = store.document(key), v.nests(deeperThan: limit) {
+                throw ProtocolError(.tooDeep, "the document '\(clipID(key))' would nest deeper than \(limit) levels with its entities; nothing was applied")
+            }
+        }
     }
 
     private func clearAll(_ c: Client, rid: JSON, context: JSON?) {

@@ -14,7 +14,14 @@ public struct RecordCodec: Sendable {
     public static let formatVersion = 1
     public let idKey: String
 
-    public init(idKey: String) { self.idKey = idKey }
+    /// Deepest record read back: stored values nest at most `--max-depth` − 1
+    /// levels (the engine refuses deeper ones), plus the envelope.
+    public let maxDepth: Int
+
+    public init(idKey: String, maxDepth: Int = 128) {
+        self.idKey = idKey
+        self.maxDepth = maxDepth + 2
+    }
 
     public enum Kind: Sendable, Hashable {
         case entity, document, collection, schema
@@ -110,7 +117,7 @@ public struct RecordCodec: Sendable {
     }
 
     private func envelope(_ bytes: [UInt8]) -> JSONObject? {
-        guard let v = try? JSONParser(maxDepth: 100_000).parse(bytes), case .object(let o) = v,
+        guard let v = try? JSONParser(maxDepth: maxDepth).parse(bytes), case .object(let o) = v,
               o["v"]?.numberValue?.intValue == Self.formatVersion
         else { return nil }
         return o

@@ -266,3 +266,24 @@ extension JSON: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Express
         self = .object(JSONObject(elements.map { JSONObject.Member(key: $0.0, value: $0.1) }))
     }
 }
+
+extension JSON {
+    /// True when the value nests deeper than `limit` levels (an object or
+    /// array is one level more than its deepest member; a scalar is 0). The
+    /// walk stops as soon as it knows, so its recursion never goes deeper
+    /// than `limit + 1`.
+    public func nests(deeperThan limit: Int) -> Bool {
+        switch self {
+        case .object(let o):
+            if limit < 1 { return true }
+            for m in o.members where m.value.nests(deeperThan: limit - 1) { return true }
+            return false
+        case .array(let a):
+            if limit < 1 { return true }
+            for v in a where v.nests(deeperThan: limit - 1) { return true }
+            return false
+        default:
+            return false
+        }
+    }
+}

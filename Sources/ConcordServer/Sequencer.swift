@@ -118,7 +118,8 @@ final class Sequencer: @unchecked Sendable {
         engine.enablePersistence(durability: configuration.durability, schema: schema, lastSeq: start,
                                  reserved: reserved, maxUnstored: configuration.maxUnstoredRecords)
         engine.memoryLimit = configuration.memoryLimit
-        let s = StorageThread(backend: backend, idKey: engine.configuration.idKey, logger: logger, seq: start, reserved: reserved) { [self] event in
+        let s = StorageThread(backend: backend, idKey: engine.configuration.idKey, maxDepth: engine.configuration.maxDepth,
+                              logger: logger, seq: start, reserved: reserved) { [self] event in
             self.submit(.storage(event))
         }
         storage = s

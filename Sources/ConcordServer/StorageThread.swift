@@ -69,10 +69,10 @@ final class StorageThread: @unchecked Sendable {
     }
     private var failure: Failure?
 
-    init(backend: Backend, idKey: String, logger: Logger, seq: Int, reserved: Int, post: @escaping @Sendable (Event) -> Void) {
+    init(backend: Backend, idKey: String, maxDepth: Int, logger: Logger, seq: Int, reserved: Int, post: @escaping @Sendable (Event) -> Void) {
         self.storedSeq = seq
         self.backend = backend
-        self.codec = RecordCodec(idKey: idKey)
+        self.codec = RecordCodec(idKey: idKey, maxDepth: maxDepth)
         self.logger = logger
         self.post = post
         self.reserved = reserved

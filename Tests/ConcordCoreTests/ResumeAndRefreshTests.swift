@@ -48,3 +48,38 @@ struct ResumeAndRefreshTests {
         #expect(events.first?["context"] == "c1", "\(kind)")
     }
 }
+
+/// Stored values nest at most `--max-depth` − 1 levels however entities are
+/// combined, so every reader of them can bound its recursion.
+struct StoredDepthTests {
+    static func nested(_ levels: Int, id: String) -> String {
+        // An entity object holding `levels - 1` more nested plain objects.
+        var s = "0"
+        for _ in 0..<(levels - 1) { s = #"{"x":\#(s)}"# }
+        return #"{"id":"\#(id)","x":\#(s)}"#
+    }
+
+    @Test func combiningEntitiesBeyondTheDepthLimitIsRefusedAndChangesNothing() {
+        var config = EngineConfiguration()
+        config.maxDepth = 10
+        let h = EngineHarness(configuration: config)
+        let a = h.connect()
+        // P:1 is 6 deep; Q:1 holds it one object down: 2 + 6 = 8 ≤ 9.
+        // (Merge mode: a reference keeps the entity's members.)
+        a.ok(#"{"op":"update","model":\#(Self.nested(6, id: "P:1"))}"#)
+        a.ok(#"{"op":"update","mode":"merge","model":{"id":"Q:1","a":{"b":{"id":"P:1"}}}}"#)
+        #expect(h.engine.store.entity("Q:1")?.nests(deeperThan: 8) == false)
+        #expect(h.engine.store.entity("Q:1")?.nests(deeperThan: 7) == true)
+        // R:1 holds Q:1 one object down: 2 + 8 = 10 > 9: refused, nothing applied, no seq taken.
+        let seq = h.engine.seq
+        #expect(a.error(#"{"op":"update","mode":"merge","model":{"id":"R:1","a":{"b":{"id":"Q:1"}}}}"#) == "too_deep")
+        #expect(h.engine.store.entity("R:1") == nil)
+        #expect(h.engine.seq == seq)
+        // Growing a nested entity deepens every holder: refused too (P:1 at 8 makes Q:1 10).
+        #expect(a.error(#"{"op":"update","model":\#(Self.nested(8, id: "P:1"))}"#) == "too_deep")
+        #expect(h.engine.store.entity("P:1")?.nests(deeperThan: 6) == false)
+        // A document is held to the same bound.
+        #expect(a.error(#"{"op":"update","mode":"merge","key":"k","model":{"a":{"b":{"id":"Q:1"}}}}"#) == "too_deep")
+        #expect(h.engine.store.document("k") == nil)
+    }
+}

@@ -1,3 +1,4 @@
+import ConcordClient
 import ConcordJSON
 import Foundation
 import Testing
@@ -54,6 +55,60 @@ struct RegressionTests {
         for r in 2..<6 { last = try round(r) }
         // Four more rounds of ~4 MB each: a leak would add ~16 MB.
         #expect(last - first < 4 << 20, "allocated grew from \(first >> 20) MiB to \(last >> 20) MiB")
+        #expect(server.stop() == 0)
+    }
+}
+
+/// A stored value at the maximum depth (the default --max-depth 128: values
+/// nest 127 levels) read back through every path.
+@Suite(.serialized)
+struct MaximumDepthTests {
+    /// Updates for a chain of entities E:0 → E:1 → … whose materialized E:0
+    /// nests exactly `total` levels: each link is its own object plus
+    /// wrapper objects ({"x":…}) around a reference to the next link.
+    static func chain(total: Int) -> [String] {
+        var sizes: [Int] = []
+        var left = total
+        while left > 0 { sizes.append(min(20, left)); left -= sizes.last! }
+        return sizes.enumerated().map { i, levels in
+            var inner = i + 1 < sizes.count ? #"{"id":"E:\#(i + 1)"}"# : "0"
+            for _ in 0..<(levels - 1) { inner = #"{"x":\#(inner)}"# }
+            // Merge mode: the reference to the next link keeps its members.
+            return #"{"op":"update","mode":"merge","model":{"id":"E:\#(i)","x":\#(inner)}}"#
+        }
+    }
+
+    @Test func aValueAtTheLimitIsReadBackEverywhereAndOneMoreLevelIsRefused() async throws {
+        let db = PersistenceTests.tempPath("c.sqlite")
+        let args = ["--cache", "sqlite", "--cache-path", db]
+        var expected: JSON = .null
+        do {
+            let server = try ServerProcess(arguments: args)
+            let c = try server.connect()
+            // Store the links bottom-up, so every update nests a stored entity.
+            for line in Self.chain(total: 127).reversed() {
+                #expect(try c.request(line)["ok"] == true, "\(line)")
+            }
+            let got = try c.request(#"{"op":"get","id":"E:0"}"#)["model"]!
+            #expect(got.nests(deeperThan: 127) == false)
+            #expect(got.nests(deeperThan: 126) == true)
+            expected = got
+            // One more level on top: refused.
+            let refused = try c.request(#"{"op":"update","mode":"merge","model":{"id":"Top","x":{"id":"E:0"}}}"#)
+            #expect(refused["error"]?["code"] == "too_deep")
+            // Subscribe paths carry it too.
+            #expect(try c.request(#"{"op":"subscribe","sub":"i","ids":["E:0"]}"#)["models"]?["E:0"] == got)
+            #expect(try c.request(#"{"op":"subscribe","sub":"m","model":{"id":"E:0"},"refresh":true}"#)["model"] == got)
+            #expect(server.stop() == 0)
+        }
+        // Read-through from the cache after a restart, and the SDK.
+        let server = try ServerProcess(arguments: args)
+        let c = try server.connect()
+        #expect(try c.request(#"{"op":"get","id":"E:0"}"#)["model"] == expected)
+        let client = try await ConcordClient.connect(socketPath: server.socketPath)
+        let viaSDK = try await client.get(id: "E:0")
+        #expect(viaSDK.model == expected)
+        client.close()
         #expect(server.stop() == 0)
     }
 }
