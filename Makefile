@@ -47,7 +47,7 @@ sanitize-thread sanitize-address: sanitize-%: deps
 	rm -rf .build-$*san/reports && mkdir -p .build-$*san/reports
 	swift build --build-tests --sanitize=$* --scratch-path .build-$*san $(SANITIZER_FLAGS)
 	$(if $(SOAK),CONCORD_SOAK=1,) CONCORD_SANITIZER=$* MALLOC_CONF=background_thread:false SWIFT_BACKTRACE=enable=no \
-	TSAN_OPTIONS="log_path=$(CURDIR)/.build-$*san/reports/report" ASAN_OPTIONS="log_path=$(CURDIR)/.build-$*san/reports/report:detect_leaks=1" \
+	TSAN_OPTIONS="log_path=$(CURDIR)/.build-$*san/reports/report" ASAN_OPTIONS="log_path=$(CURDIR)/.build-$*san/reports/report:detect_leaks=1" LSAN_OPTIONS="suppressions=$(CURDIR)/scripts/lsan.supp:print_suppressions=0" \
 	swift test --sanitize=$* --scratch-path .build-$*san $(SANITIZER_FLAGS) $(if $(SOAK),--filter 'Stress|Robustness',) $(SWIFT_TEST_FLAGS)
 	@if ls .build-$*san/reports/report.* >/dev/null 2>&1; then \
 		echo "$* sanitizer reports:"; cat .build-$*san/reports/report.*; exit 1; \

@@ -148,6 +148,15 @@ public final class Server {
         bridge = Bridge(async: wakeHandle)
     }
 
+    deinit {
+        // After `run` (every handle closed) or a failed start-up: free what
+        // the loop owned, so a leak checker sees nothing at exit.
+        uv_loop_close(loop)
+        loop.deallocate()
+        wakeHandle.deallocate()
+        readBuffer.deallocate()
+    }
+
     /// Binds, serves until SIGINT/SIGTERM, drains, removes the socket. Returns the exit status.
     public func run() throws(StartupError) -> Int32 {
         signal(SIGPIPE, SIG_IGN)
@@ -201,11 +210,6 @@ public final class Server {
             "concord.memory_limit": "\(configuration.memoryLimit)",
         ])
         uv_run(loop, UV_RUN_DEFAULT)
-        // Every handle is closed by now: free what the loop owned.
-        uv_loop_close(loop)
-        loop.deallocate()
-        wakeHandle.deallocate()
-        readBuffer.deallocate()
         // A second signal must not cut the final store short (SIGKILL still does).
         signal(SIGTERM, SIG_IGN)
         signal(SIGINT, SIG_IGN)
