@@ -1,11 +1,17 @@
 // concord-load: ad-hoc load and measurement tool for concord-server.
 //
-//   concord-load codec                         parse/encode MB/s of ConcordJSON
-//   concord-load pipeline  --socket P [-n N]   pipelined updates/s on one connection
-//   concord-load fanout    --socket P [-s S] [-n N]   delivered events/s, S subscribers on one key
-//   concord-load subs      --socket P [-n N]   jemalloc bytes per key subscription
+//   concord-load codec                                   parse/encode MB/s of ConcordJSON
+//   concord-load pipeline    --socket P [-n N]           pipelined updates/s on one connection
+//   concord-load fanout      --socket P [-s S] [-n N] [--kind key|model|ids]
+//                                                        delivered events/s, S subscribers on one view
+//   concord-load subs        --socket P [-n N] [--shared yes]   jemalloc bytes per key subscription
+//   concord-load collections --socket P [-n N] [-s S] [--ops K] one-item update in an N-item
+//                                                        collection; head insert/remove churn
+//   concord-load backend     [--cache memory|sqlite|hash] [-n N]   get/write_batch rates through the ABI
+//   concord-load populate    --socket P [-n N]           fill a server with N entities
+//   concord-load first-get   --socket P [--id ID]        time to the first `get` after a start
 //
-// The full benchmark suite (Redis side by side, latency histograms) is issue 6.
+// The benchmark next to Redis is Benchmarks/ConcordBench (make bench).
 
 import ConcordJSON
 import ConcordServer

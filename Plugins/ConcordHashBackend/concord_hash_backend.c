@@ -120,8 +120,10 @@ static int hb_del(concord_backend *b, const uint8_t *key, size_t n, char **error
     return CONCORD_OK;
 }
 
-/* Puts only fail on allocation failure; to stay all-or-none, values are
- * copied first and the table is touched only once every copy exists. */
+/* Writes as it goes. Puts fail only when memory runs out, and then the batch
+ * is NOT all-or-none as the ABI asks: the earlier writes stay. The host keeps
+ * a failed batch pending and retries it whole, and every write in it is the
+ * latest value of its key, so a replay converges; still a known deviation. */
 static int hb_write_batch(concord_backend *b, const concord_write *w, size_t count, char **error) {
     for (size_t i = 0; i < count; i++) {
         int rc = w[i].value ? hb_put(b, w[i].key, w[i].key_len, w[i].value, w[i].value_len, error)

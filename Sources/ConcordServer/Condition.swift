@@ -1,3 +1,5 @@
+import CConcordRuntime
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -66,6 +68,8 @@ func startThread(name: String, _ body: @escaping @Sendable () -> Void) {
     }
     let rc = pthread_create(&tid, attr, { arg in
         let box = Unmanaged<AnyObject>.fromOpaque(arg!).takeRetainedValue() as! Box
+        // Named for `top -H`, perf and gdb (Linux keeps 15 bytes).
+        concord_set_thread_name(String(box.name.utf8.prefix(15))!)
         box.body()
         return nil
     }, box)

@@ -2,4 +2,6 @@
 #define CONCORD_RUNTIME_H
 /* The jemalloc options the server runs with (see docs/ARCHITECTURE.md, "Memory"). */
 extern const char *concord_malloc_conf_in_effect(void);
+/* Names the calling thread (at most 15 bytes are kept). */
+extern void concord_set_thread_name(const char *name);
 #endif

@@ -30,6 +30,17 @@ struct Options {
             case "--out": out = args[i + 1]; i += 1
             case "--full": full = true
             case "--only": only = args[i + 1]; i += 1
+            case "--help", "-h":
+                print("""
+                    usage: concord-bench [--server PATH] [--redis PATH] [--full] [--out DIR] [--only TEXT]
+                      --server  concord-server binary (default ../../.build/release/concord-server)
+                      --redis   redis-server binary (default /usr/bin/redis-server)
+                      --full    longer runs and the 1M-subscription memory scenario
+                      --out     where latest.json and chart.svg go (default results)
+                      --only    run only the scenarios whose label contains TEXT
+                    environment: CONCORD_BENCH_SERVER_ARGS  extra concord-server options (experiments)
+                    """)
+                exit(0)
             default: break
             }
             i += 1
