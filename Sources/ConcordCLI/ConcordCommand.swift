@@ -16,7 +16,7 @@ struct ConcordCommand: AsyncParsableCommand {
         discussion: "Output is JSON, one value per line. Errors go to stderr with a non-zero exit status.",
         subcommands: [
             Ping.self, Hello.self, Get.self, Update.self, Delete.self, Batch.self, Collection.self,
-            Subscribe.self, Stats.self, Schema.self,
+            Subscribe.self, Stats.self, Clients.self, Schema.self,
         ]
     )
 
@@ -352,6 +352,35 @@ struct Stats: AsyncParsableCommand {
             walk("", .object(s))
             let width = rows.map { $0.0.count }.max() ?? 0
             for (k, v) in rows { out(k.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + v) }
+        }
+    }
+}
+
+struct Clients: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List the server's connections: who, how old, how busy, how far behind (--json for the raw list).")
+    @OptionGroup var connection: ConnectionOptions
+    @Flag(help: "Print the raw JSON list.") var json = false
+
+    func run() async throws {
+        try await ConcordCLI.run {
+            let list = try await connection.connect().stats(clients: true)["clients"]?.arrayValue ?? []
+            if json {
+                out(JSON.array(list).compactString)
+                return
+            }
+            let columns = ["id", "name", "pid", "uid", "age_ms", "subscriptions", "requests", "unsent_bytes", "unprocessed_bytes", "coalescing", "waiting"]
+            var rows = [columns]
+            for c in list {
+                rows.append(columns.map { k in
+                    guard let v = c[k], v != .null else { return "-" }
+                    return v.stringValue ?? v.compactString
+                })
+            }
+            let widths = columns.indices.map { i in rows.map { $0[i].count }.max() ?? 0 }
+            for r in rows {
+                out(r.indices.map { r[$0].padding(toLength: widths[$0], withPad: " ", startingAt: 0) }.joined(separator: "  "))
+            }
         }
     }
 }

@@ -74,9 +74,11 @@ extension ConcordClient {
         try await op("ping")["seq"]?.numberValue?.intValue ?? 0
     }
 
-    /// The `stats` object.
-    public func stats() async throws -> JSONObject {
-        var r = try await op("stats")
+    /// The `stats` object; with `clients`, also `"clients"`: one object per
+    /// connection (id, name, pid/uid/gid, age_ms, subscriptions, requests,
+    /// unsent_bytes, unprocessed_bytes, coalescing, waiting).
+    public func stats(clients: Bool = false) async throws -> JSONObject {
+        var r = try await op("stats", clients ? [("clients", .bool(true))] : [])
         r["rid"] = nil
         r["ok"] = nil
         return r

@@ -15,3 +15,15 @@ public final class ConnectionFlow: Sendable {
 
     public init() {}
 }
+
+/// The process at the other end of a Unix socket (SO_PEERCRED).
+public struct PeerCredentials: Sendable {
+    public var pid: Int32
+    public var uid: UInt32
+    public var gid: UInt32
+    public init(pid: Int32, uid: UInt32, gid: UInt32) {
+        self.pid = pid
+        self.uid = uid
+        self.gid = gid
+    }
+}

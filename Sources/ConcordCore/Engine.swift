@@ -80,6 +80,9 @@ public final class Engine {
     public internal(set) var seq = 0
     /// Once set, every request is answered `shutting_down`.
     public var isShuttingDown = false
+    /// Seconds on a monotonic clock, for connection ages (`stats` with
+    /// `clients`). The driver sets it; the core itself never reads time.
+    public var clock: @Sendable () -> Double = { 0 }
 
     public init(configuration: EngineConfiguration = EngineConfiguration(), executor: any ParallelExecutor = InlineExecutor()) {
         self.configuration = configuration
@@ -96,9 +99,13 @@ public final class Engine {
 
     // MARK: Connections
 
-    /// A new connection. `flow` is shared with the driver (see ``ConnectionFlow``).
-    public func open(_ id: ConnectionID, flow: ConnectionFlow = ConnectionFlow()) {
-        clients[id] = Client(id: id, flow: flow)
+    /// A new connection. `flow` is shared with the driver (see ``ConnectionFlow``);
+    /// `peer`: the process at the other end, when the driver knows it.
+    public func open(_ id: ConnectionID, flow: ConnectionFlow = ConnectionFlow(), peer: PeerCredentials? = nil) {
+        let c = Client(id: id, flow: flow)
+        c.peer = peer
+        c.openedAt = clock()
+        clients[id] = c
     }
 
     /// Ends every subscription of the connection; nothing of it stays behind.
@@ -175,6 +182,7 @@ public final class Engine {
     }
 
     func process(_ parsed: ParsedLine, _ c: Client) {
+        c.requests += 1
         // Events held back before this request are written before its response (§6.6).
         if !c.coalesced.isEmpty { flushCoalesced(c) }
         let value: JSON
@@ -216,7 +224,8 @@ public final class Engine {
 
     func dispatch(_ r: Request, _ c: Client) throws(ProtocolError) {
         switch r.op {
-        case .hello:
+        case .hello(let name):
+            if let name { c.name = name }
             respond(c, rid: r.rid) { w in
                 w.key("server"); w.string(configuration.serverName)
                 w.key("version"); w.string(configuration.version)
@@ -229,8 +238,8 @@ public final class Engine {
             }
         case .ping:
             respond(c, rid: r.rid) { w in w.key("seq"); w.int(seq) }
-        case .stats:
-            respondStats(c, rid: r.rid)
+        case .stats(let listClients):
+            respondStats(c, rid: r.rid, clients: listClients)
         case .get(let target):
             switch target {
             case .key(let k):
@@ -312,9 +321,16 @@ public final class Engine {
         markDirty(c)
     }
 
-    func respondStats(_ c: Client, rid: JSON) {
+    func respondStats(_ c: Client, rid: JSON, clients listClients: Bool = false) {
         let memory = statsSource?.memoryStats() ?? .object(JSONObject())
         let cache = statsSource?.cacheStats() ?? ["backend": "memory", "entities": .int(store.entities.count)]
+        // Written first: it reads every connection's queue, the asker's included.
+        var list: [UInt8] = []
+        if listClients {
+            var lw = JSONWriter(capacity: 128 * clients.count)
+            writeClients(&lw)
+            list = lw.bytes
+        }
         respond(c, rid: rid) { w in
             w.key("connections"); w.int(clients.count)
             w.key("subscriptions"); w.int(subscriptionCount)
@@ -327,7 +343,37 @@ public final class Engine {
             w.key("coalesced_events"); w.int(coalescedEvents)
             w.key("memory"); w.value(memory)
             w.key("cache"); w.value(cache)
+            if listClients { w.raw(list) }
         }
+    }
+
+    /// `"clients":[…]`, one object per connection in connection order: who it
+    /// is (name from `hello`, peer pid/uid/gid), how old, how busy, and how far
+    /// behind (bytes the socket has not taken, lines not yet processed).
+    func writeClients(_ w: inout JSONWriter) {
+        let now = clock()
+        w.key("clients")
+        w.raw("[")
+        for (i, id) in clients.keys.sorted().enumerated() {
+            guard let c = clients[id] else { continue }
+            if i > 0 { w.raw(",") }
+            w.raw("{\"id\":"); w.int(id)
+            w.raw(",\"name\":"); if let n = c.name { w.string(n) } else { w.raw("null") }
+            if let p = c.peer {
+                w.raw(",\"pid\":"); w.int(Int(p.pid))
+                w.raw(",\"uid\":"); w.int(Int(p.uid))
+                w.raw(",\"gid\":"); w.int(Int(p.gid))
+            }
+            w.raw(",\"age_ms\":"); w.int(Int((now - c.openedAt) * 1000))
+            w.raw(",\"subscriptions\":"); w.int(c.subs.count)
+            w.raw(",\"requests\":"); w.int(c.requests)
+            w.raw(",\"unsent_bytes\":"); w.int(c.flow.unsent.load(ordering: .relaxed) + c.output.byteCount)
+            w.raw(",\"unprocessed_bytes\":"); w.int(c.flow.unprocessed.load(ordering: .relaxed))
+            w.raw(",\"coalescing\":"); w.raw(c.coalescing != 0 ? "true" : "false")
+            w.raw(",\"waiting\":"); w.raw(c.isWaiting ? "true" : "false")
+            w.raw("}")
+        }
+        w.raw("]")
     }
 
     /// Entities, documents and live subscriptions, for the driver's logs.

@@ -44,6 +44,12 @@ final class Client {
     var coalescing = 0
     /// Subscriptions that changed while coalescing (each listed once).
     var coalesced: [Subscription] = []
+    /// For the operator (`stats` with `clients`): the name from `hello`, the
+    /// peer process, when the connection opened, requests answered.
+    var name: String?
+    var peer: PeerCredentials?
+    var openedAt = 0.0
+    var requests = 0
 
     init(id: ConnectionID, flow: ConnectionFlow) {
         self.id = id

@@ -22,7 +22,8 @@ public enum Operation: Sendable {
     case pause(name: String)
     case resume(name: String)
     case schema(required: [(type: String, members: [String])]?)
-    case stats
+    /// `clients`: also list every connection (the operator's view).
+    case stats(clients: Bool)
     case mutation(Mutation, MutationOptions)
 }
 
@@ -102,7 +103,7 @@ extension Request {
         case "ping":
             return .ping
         case "stats":
-            return .stats
+            return .stats(clients: try r.optionalBool("clients") ?? false)
         case "get":
             return .get(try decodeGet(r))
         case "subscribe":

@@ -22,7 +22,7 @@ final class Sequencer: @unchecked Sendable {
     // shutdown state are only touched by the sequencer thread once `start()`
     // has run; `inboxBytes` is atomic.
     enum Input {
-        case open(ConnectionID, ConnectionFlow)
+        case open(ConnectionID, ConnectionFlow, PeerCredentials?)
         case close(ConnectionID)
         case frames(ConnectionID, [LineFramer.Frame], bytes: Int)
         /// The loop wrote a coalescing connection's output down (§6.6).
@@ -90,6 +90,7 @@ final class Sequencer: @unchecked Sendable {
         engine = Engine(configuration: configuration.engine, executor: pool)
         statsSource = ServerStatsSource()
         engine.statsSource = statsSource
+        engine.clock = { monotonicSeconds() }
         linesPerTurn = max(1, configuration.linesPerTurn)
         turnBudget = configuration.turnBudget
         shutdownTimeout = configuration.shutdownTimeout
@@ -225,9 +226,9 @@ final class Sequencer: @unchecked Sendable {
     /// Control inputs act at once; lines join their connection's lane.
     private func accept(_ input: Input) {
         switch input {
-        case .open(let id, let flow):
+        case .open(let id, let flow, let peer):
             lanes[id] = Lane(id: id, flow: flow)
-            engine.open(id, flow: flow)
+            engine.open(id, flow: flow, peer: peer)
         case .close(let id):
             guard let lane = lanes[id] else { return }
             if lane.queued {

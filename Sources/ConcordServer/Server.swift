@@ -1,3 +1,4 @@
+import CConcordRuntime
 import CLibUV
 import ConcordCore
 import ConcordProtocol
@@ -329,7 +330,7 @@ public final class Server {
             ])
         }
         uv_handle_set_data(conn.handle, Unmanaged.passRetained(conn).toOpaque())
-        sequencer.submit(.open(conn.id, conn.flow))
+        sequencer.submit(.open(conn.id, conn.flow, Self.peerCredentials(conn)))
         logger.info("connection opened", metadata: ["concord.conn.id": "\(conn.id)"])
         updateReading(conn)
     }
@@ -340,6 +341,16 @@ public final class Server {
             atDescriptorLimit = false
             logger.notice("accepting connections again", metadata: ["concord.connections": "\(connections.count)"])
         }
+    }
+
+    static func peerCredentials(_ conn: Connection) -> PeerCredentials? {
+        var fd: uv_os_fd_t = -1
+        guard uv_fileno(conn.handle, &fd) == 0 else { return nil }
+        var pid: Int32 = 0
+        var uid: UInt32 = 0
+        var gid: UInt32 = 0
+        guard concord_peer_credentials(fd, &pid, &uid, &gid) == 0 else { return nil }
+        return PeerCredentials(pid: pid, uid: uid, gid: gid)
     }
 
     private func noteAcceptFailure(_ status: Int32) {

@@ -105,3 +105,38 @@ struct CLITests {
         #expect(events[2]["model"] == .null)
     }
 }
+
+/// The operator's view: `{"op":"stats","clients":true}` and `concord clients`.
+@Suite(.serialized)
+struct OperatorViewTests {
+    @Test func statsListsEveryConnectionWithWhoItIsAndHowFarBehind() throws {
+        let server = try ServerProcess(arguments: ["--output-soft-bytes", "16384", "--max-output-bytes", "65536"])
+        let named = try server.connect()
+        try named.request(#"{"op":"hello","client":"inbox-app"}"#)
+        let slow = try server.connect()
+        try slow.request(#"{"op":"subscribe","sub":"k","key":"k"}"#)
+        let writer = try server.connect()
+        let blob = String(repeating: "y", count: 4000)
+        for i in 0..<100 { try writer.request(#"{"op":"update","key":"k","model":{"id":"K","v":\#(i),"b":"\#(blob)"}}"#) }
+        let list = try named.request(#"{"op":"stats","clients":true}"#)["clients"]?.arrayValue ?? []
+        #expect(list.count == 3)
+        let me = list.first { $0["name"] == "inbox-app" }
+        #expect(me?["pid"] == .int(Int(getpid())))
+        #expect(me?["uid"] == .int(Int(getuid())))
+        #expect((me?["requests"]?.numberValue?.intValue ?? 0) >= 2)
+        #expect((me?["age_ms"]?.numberValue?.intValue ?? -1) >= 0)
+        let lagging = list.first { $0["subscriptions"] == 1 }
+        #expect(lagging?["coalescing"] == true, "\(lagging?.compactString ?? "none")")
+        #expect((lagging?["unsent_bytes"]?.numberValue?.intValue ?? 0) > 0)
+        #expect(list.first { $0["requests"] == 100 }?["coalescing"] == false)
+        // Without `clients`, stats stays as it was.
+        #expect(try named.request(#"{"op":"stats"}"#)["clients"] == nil)
+        // The CLI shows the same, one row per connection (its own included).
+        let (status, out, _) = try CLITests.concord(["clients"], socket: server.socketPath)
+        #expect(status == 0)
+        #expect(out.contains("inbox-app"))
+        #expect(out.contains("concord-cli"))
+        #expect(out.split(separator: "\n").count == 5)  // header + 4 connections
+        #expect(server.stop() == 0)
+    }
+}

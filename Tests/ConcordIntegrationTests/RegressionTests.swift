@@ -53,8 +53,10 @@ struct RegressionTests {
         let first = try round(1)
         var last = first
         for r in 2..<6 { last = try round(r) }
-        // Four more rounds of ~4 MB each: a leak would add ~16 MB.
-        #expect(last - first < 4 << 20, "allocated grew from \(first >> 20) MiB to \(last >> 20) MiB")
+        // Four more rounds of ~4 MB each: the leak added 15.5 MB. What the
+        // storage thread still holds of the last round when `stats` answers
+        // (it writes behind) can add up to one round.
+        #expect(last - first < 8 << 20, "allocated grew from \(first >> 20) MiB to \(last >> 20) MiB")
         #expect(server.stop() == 0)
     }
 }

@@ -4,4 +4,6 @@
 extern const char *concord_malloc_conf_in_effect(void);
 /* Names the calling thread (at most 15 bytes are kept). */
 extern void concord_set_thread_name(const char *name);
+/* The peer of a Unix socket (SO_PEERCRED): 0 on success, -1 otherwise. */
+extern int concord_peer_credentials(int fd, int *pid, unsigned *uid, unsigned *gid);
 #endif
