@@ -1,7 +1,8 @@
 # Concord: `make run` starts the server, `make test` runs the whole suite.
 SHELL := /bin/bash
 APT_PACKAGES := libuv1-dev libjemalloc-dev libsqlite3-dev pkg-config gcc
-SOCKET ?= $(if $(CONCORD_SOCKET),$(CONCORD_SOCKET),/tmp/concord.sock)
+# Empty: the server's default, a private per-user directory (README, "concord-server").
+SOCKET ?= $(CONCORD_SOCKET)
 SWIFT_TEST_FLAGS ?=
 
 .PHONY: run test build release deps clean soak bench bench-full bench-deps sanitize sanitize-thread sanitize-address fuzz
@@ -22,7 +23,7 @@ release: deps
 	swift build -c release
 
 run: release
-	.build/release/concord-server --socket $(SOCKET)
+	.build/release/concord-server $(if $(SOCKET),--socket $(SOCKET),)
 
 # Builds everything (the server binary is what the integration tests spawn), then runs every test.
 test: deps

@@ -47,7 +47,7 @@ let package = Package(
         .target(name: "ConcordCore", dependencies: ["ConcordJSON", "ConcordProtocol"], swiftSettings: swiftSettings),
 
         // The client SDK: a POSIX socket, a reader thread, async API; no libuv.
-        .target(name: "ConcordClient", dependencies: ["ConcordJSON"], swiftSettings: swiftSettings),
+        .target(name: "ConcordClient", dependencies: ["ConcordJSON", "ConcordProtocol"], swiftSettings: swiftSettings),
         .executableTarget(
             name: "ConcordCLI",
             dependencies: ["ConcordClient", "ConcordJSON", .product(name: "ArgumentParser", package: "swift-argument-parser")],
@@ -76,7 +76,7 @@ let package = Package(
         // Ad-hoc load and measurement tool (no extra dependencies).
         .executableTarget(
             name: "concord-load",
-            dependencies: ["ConcordJSON", "ConcordServer", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["ConcordJSON", "ConcordProtocol", "ConcordServer", .product(name: "Logging", package: "swift-log")],
             path: "Benchmarks/ConcordLoad", swiftSettings: swiftSettings
         ),
 

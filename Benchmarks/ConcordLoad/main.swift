@@ -14,6 +14,7 @@
 // The benchmark next to Redis is Benchmarks/ConcordBench (make bench).
 
 import ConcordJSON
+import ConcordProtocol
 import ConcordServer
 import Foundation
 import Logging
@@ -32,7 +33,7 @@ func option(_ name: String, _ fallback: String) -> String {
     return fallback
 }
 
-let socketPath = option("--socket", ProcessInfo.processInfo.environment["CONCORD_SOCKET"] ?? "/tmp/concord.sock")
+let socketPath = option("--socket", DefaultSocket.path)
 
 func now() -> Double {
     var ts = timespec()

@@ -36,7 +36,7 @@ struct ConcordCommand: AsyncParsableCommand {
 }
 
 struct ConnectionOptions: ParsableArguments {
-    @Option(help: "Server socket (default: $CONCORD_SOCKET, else /tmp/concord.sock).")
+    @Option(help: "Server socket (default: $CONCORD_SOCKET, else $XDG_RUNTIME_DIR/concord/concord.sock, else /tmp/concord-<uid>/concord.sock).")
     var socket: String?
 
     func connect() async throws -> ConcordClient {

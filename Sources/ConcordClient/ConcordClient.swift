@@ -1,4 +1,5 @@
 public import ConcordJSON
+import ConcordProtocol
 import Foundation
 
 #if canImport(Glibc)
@@ -29,7 +30,8 @@ public final class ConcordClient: @unchecked Sendable {
 
     /// Connection settings. Every member has a default.
     public struct Configuration: Sendable {
-        /// Socket path; default `$CONCORD_SOCKET`, else `/tmp/concord.sock`.
+        /// Socket path; default as the server's (`DefaultSocket`): `$CONCORD_SOCKET`,
+        /// else `$XDG_RUNTIME_DIR/concord/concord.sock`, else `/tmp/concord-<uid>/concord.sock`.
         public var socketPath: String
         /// Sent in `hello`.
         public var clientName = "ConcordClient"
@@ -40,7 +42,7 @@ public final class ConcordClient: @unchecked Sendable {
         public var maxBackoff: Duration = .seconds(2)
 
         public init(socketPath: String? = nil) {
-            self.socketPath = socketPath ?? ProcessInfo.processInfo.environment["CONCORD_SOCKET"] ?? "/tmp/concord.sock"
+            self.socketPath = socketPath ?? DefaultSocket.path
         }
     }
 

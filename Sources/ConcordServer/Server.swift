@@ -236,16 +236,7 @@ public final class Server {
         var st = stat()
         let dir = path.contains("/") ? String(path[..<path.lastIndex(of: "/")!]) : "."
         if !dir.isEmpty {
-            var ds = stat()
-            if stat(dir, &ds) != 0 {
-                throw StartupError(description: "the socket's directory \(dir) does not exist (create it, or choose another --socket)")
-            }
-            if (ds.st_mode & S_IFMT) != S_IFDIR {
-                throw StartupError(description: "\(dir) is not a directory; cannot create the socket \(path) in it")
-            }
-            if access(dir, W_OK | X_OK) != 0 {
-                throw StartupError(description: "no permission to create the socket in \(dir): \(String(cString: strerror(errno)))")
-            }
+            try checkSocketDirectory(dir)
         }
         guard lstat(path, &st) == 0 else { return }
         guard (st.st_mode & S_IFMT) == S_IFSOCK else {
@@ -258,6 +249,42 @@ public final class Server {
             throw StartupError(description: "cannot remove stale socket \(path): \(String(cString: strerror(errno)))")
         }
         logger.info("replaced a stale socket file", metadata: ["concord.socket": "\(path)"])
+    }
+
+    /// The socket's directory must exist and be writable by this user only:
+    /// anyone else who can write it can bind the path first and receive every
+    /// client's traffic. The default private directory is created (0700).
+    private func checkSocketDirectory(_ dir: String) throws(StartupError) {
+        var ds = stat()
+        if lstat(dir, &ds) != 0 {
+            guard dir == DefaultSocket.privateDirectory else {
+                throw StartupError(description: "the socket's directory \(dir) does not exist (create it, or choose another --socket)")
+            }
+            if mkdir(dir, 0o700) != 0 && errno != EEXIST {
+                throw StartupError(description: "cannot create the socket directory \(dir): \(String(cString: strerror(errno)))")
+            }
+            logger.info("created the private socket directory", metadata: ["concord.dir": "\(dir)"])
+            guard lstat(dir, &ds) == 0 else {
+                throw StartupError(description: "cannot read the socket directory \(dir): \(String(cString: strerror(errno)))")
+            }
+        }
+        if (ds.st_mode & S_IFMT) == S_IFLNK && dir == DefaultSocket.privateDirectory {
+            throw StartupError(description: "the private socket directory \(dir) is a symbolic link; refusing it (another user may have planted it)")
+        }
+        if (ds.st_mode & S_IFMT) == S_IFLNK { _ = stat(dir, &ds) }
+        if (ds.st_mode & S_IFMT) != S_IFDIR {
+            throw StartupError(description: "\(dir) is not a directory; cannot create the socket in it")
+        }
+        if dir == DefaultSocket.privateDirectory && ds.st_uid != getuid() {
+            throw StartupError(description: "the private socket directory \(dir) belongs to uid \(ds.st_uid), not to this user (\(getuid())); refusing it")
+        }
+        if ds.st_mode & 0o022 != 0 {
+            let mode = String(ds.st_mode & 0o7777, radix: 8)
+            throw StartupError(description: "the socket's directory \(dir) is writable by other users (mode \(mode)): one of them could bind the socket first and receive every client's traffic; use a directory only you can write (the default is \(DefaultSocket.privateDirectory))")
+        }
+        if access(dir, W_OK | X_OK) != 0 {
+            throw StartupError(description: "no permission to create the socket in \(dir): \(String(cString: strerror(errno)))")
+        }
     }
 
     /// True when a process accepts connections on `path`.

@@ -1,13 +1,12 @@
 import ConcordCore
+import ConcordProtocol
 import Logging
 
 /// Everything `concord-server` can be told. Every member has the documented default.
 public struct ServerConfiguration: Sendable {
-    /// The default socket path: `$CONCORD_SOCKET`, else `/tmp/concord.sock`.
-    public static var defaultSocketPath: String {
-        if let p = getenvString("CONCORD_SOCKET"), !p.isEmpty { return p }
-        return "/tmp/concord.sock"
-    }
+    /// The default socket path (``DefaultSocket``): `$CONCORD_SOCKET`, else
+    /// `$XDG_RUNTIME_DIR/concord/concord.sock`, else `/tmp/concord-<uid>/concord.sock`.
+    public static var defaultSocketPath: String { DefaultSocket.path }
 
     /// Unix socket to listen on.
     public var socketPath = ServerConfiguration.defaultSocketPath

@@ -19,7 +19,7 @@ struct ConcordServerCommand: ParsableCommand {
             """
     )
 
-    @Option(help: "Unix socket path to listen on (default: $CONCORD_SOCKET, else /tmp/concord.sock).")
+    @Option(help: "Unix socket path to listen on (default: $CONCORD_SOCKET, else $XDG_RUNTIME_DIR/concord/concord.sock, else /tmp/concord-<uid>/concord.sock). Its directory must be writable by this user only.")
     var socket: String = ServerConfiguration.defaultSocketPath
 
     @Option(help: "Threads of the consistency core: the sequencer plus N-1 workers (default: number of cores).")

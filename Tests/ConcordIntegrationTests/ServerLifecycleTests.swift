@@ -41,9 +41,11 @@ struct ServerLifecycleTests {
     }
 
     @Test func refusesAPathThatIsNotASocket() throws {
-        let path = NSTemporaryDirectory() + "concord-notsock-\(getpid())"
+        let dir = NSTemporaryDirectory() + "concord-notsock-\(getpid())"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let path = dir + "/file"
         FileManager.default.createFile(atPath: path, contents: Data("x".utf8))
-        defer { unlink(path) }
         let (status, err) = try ServerProcess.runToExit(arguments: ["--socket", path])
         #expect(status != 0)
         #expect(err.contains("not a socket"))
@@ -91,6 +93,44 @@ struct ServerLifecycleTests {
         let (status, err) = try ServerProcess.runToExit(arguments: ["--socket", "/tmp/concord-no-such-dir-\(getpid())/s.sock"])
         #expect(status == 1)
         #expect(err.contains("does not exist"), "\(err)")
+    }
+
+    /// The default socket lives in a private per-user directory the server
+    /// creates 0700; a directory other users can write is refused.
+    @Test func theDefaultSocketIsPrivateAndASharedDirectoryIsRefused() throws {
+        let base = NSTemporaryDirectory() + "concord-xdg-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: base, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        var env = ProcessInfo.processInfo.environment
+        env["CONCORD_SOCKET"] = nil
+        env["XDG_RUNTIME_DIR"] = base
+        let p = Process()
+        p.executableURL = ServerProcess.binary
+        p.arguments = ["--cache", "none"]
+        p.environment = env
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL); p.waitUntilExit() } }
+        let sock = base + "/concord/concord.sock"
+        var client: WireClient?
+        for _ in 0..<250 where client == nil {
+            client = try? WireClient(path: sock)
+            if client == nil { usleep(20_000) }
+        }
+        #expect(try client?.request(#"{"op":"ping"}"#)["ok"] == true)
+        var st = stat()
+        #expect(stat(base + "/concord", &st) == 0)
+        #expect(st.st_mode & 0o777 == 0o700)
+        kill(p.processIdentifier, SIGTERM)
+        p.waitUntilExit()
+        #expect(p.terminationStatus == 0)
+
+        let shared = base + "/shared"
+        try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: true)
+        chmod(shared, 0o777)
+        let (status, err) = try ServerProcess.runToExit(arguments: ["--socket", shared + "/s.sock"])
+        #expect(status == 1)
+        #expect(err.contains("writable by other users"), "\(err)")
     }
 
     /// Out of file descriptors: accept failures are logged once per episode,
