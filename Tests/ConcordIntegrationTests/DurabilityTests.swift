@@ -120,9 +120,11 @@ struct DurabilityTests {
             FileManager.default.createFile(atPath: fault, contents: nil)
             // Acknowledged while failing (under the limit): kept and retried.
             for i in 1...100 { #expect(try c.request(#"{"op":"update","model":{"id":"E:\#(i)","v":\#(i)}}"#)["ok"] == true) }
-            try Self.waitFor("the failing state in stats") { try c.request(#"{"op":"stats"}"#)["cache"]?["state"] == "failing" }
-            let stats = try c.request(#"{"op":"stats"}"#)["cache"]!
-            #expect((stats["backlog"]?.numberValue?.intValue ?? 0) >= 100)
+            // The storage thread takes the writes behind the acknowledgements: wait for it.
+            try Self.waitFor("the failing state and the whole backlog in stats") {
+                let s = try c.request(#"{"op":"stats"}"#)["cache"]!
+                return s["state"] == "failing" && (s["backlog"]?.numberValue?.intValue ?? 0) >= 100
+            }
             // Over the limit: refused, nothing applied.
             var refused: JSON = .null
             for i in 101...700 {
