@@ -89,6 +89,22 @@ struct ServerLifecycleTests {
         }
     }
 
+    /// A fresh directory of the test's own (mode 0755: only this user writes it).
+    static func scratchDirectory(_ name: String) throws -> String {
+        let dir = NSTemporaryDirectory() + "concord-\(name)-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        return dir
+    }
+
+    /// A client of a server started by hand, once it listens (5 s at most).
+    static func waitForServer(_ socket: String) throws -> WireClient {
+        for _ in 0..<250 {
+            if let c = try? WireClient(path: socket) { return c }
+            usleep(20_000)
+        }
+        throw TestFailure("no server listened on \(socket)")
+    }
+
     @Test func aSocketInAMissingDirectorySaysSo() throws {
         let (status, err) = try ServerProcess.runToExit(arguments: ["--socket", "/tmp/concord-no-such-dir-\(getpid())/s.sock"])
         #expect(status == 1)
@@ -98,8 +114,7 @@ struct ServerLifecycleTests {
     /// The default socket lives in a private per-user directory the server
     /// creates 0700; a directory other users can write is refused.
     @Test func theDefaultSocketIsPrivateAndASharedDirectoryIsRefused() throws {
-        let base = NSTemporaryDirectory() + "concord-xdg-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: base, withIntermediateDirectories: true)
+        let base = try Self.scratchDirectory("xdg")
         defer { try? FileManager.default.removeItem(atPath: base) }
         var env = ProcessInfo.processInfo.environment
         env["CONCORD_SOCKET"] = nil
@@ -111,13 +126,8 @@ struct ServerLifecycleTests {
         p.standardError = FileHandle.nullDevice
         try p.run()
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL); p.waitUntilExit() } }
-        let sock = base + "/concord/concord.sock"
-        var client: WireClient?
-        for _ in 0..<250 where client == nil {
-            client = try? WireClient(path: sock)
-            if client == nil { usleep(20_000) }
-        }
-        #expect(try client?.request(#"{"op":"ping"}"#)["ok"] == true)
+        let client = try Self.waitForServer(base + "/concord/concord.sock")
+        #expect(try client.request(#"{"op":"ping"}"#)["ok"] == true)
         var st = stat()
         #expect(stat(base + "/concord", &st) == 0)
         #expect(st.st_mode & 0o777 == 0o700)
@@ -136,8 +146,7 @@ struct ServerLifecycleTests {
     /// Out of file descriptors: accept failures are logged once per episode,
     /// the server keeps serving, and accepts again once descriptors are free.
     @Test func runningOutOfDescriptorsIsLoggedOnceAndRecovered() throws {
-        let dir = NSTemporaryDirectory() + "concord-emfile-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let dir = try Self.scratchDirectory("emfile")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let sock = dir + "/s.sock"
         let log = dir + "/err.log"
@@ -146,12 +155,7 @@ struct ServerLifecycleTests {
         p.arguments = ["-c", "ulimit -n 24 && exec \"$0\" --socket \"$1\" --cache none 2>\"$2\"", ServerProcess.binary.path, sock, log]
         try p.run()
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL); p.waitUntilExit() } }
-        var first: WireClient?
-        for _ in 0..<200 where first == nil {
-            first = try? WireClient(path: sock)
-            if first == nil { usleep(20_000) }
-        }
-        guard let first else { throw TestFailure("server did not start") }
+        let first = try Self.waitForServer(sock)
         #expect(try first.request(#"{"op":"ping"}"#)["ok"] == true)
         var clients: [WireClient] = []
         for _ in 0..<40 { if let c = try? WireClient(path: sock, timeout: 2) { clients.append(c) } }
