@@ -115,7 +115,7 @@ extension Engine {
     private func clearAll(_ c: Client, rid: JSON, context: JSON?) {
         seq += 1
         for client in clients.values {
-            for s in client.subs.values {
+            for s in Self.ordered(client.subs.values) {
                 client.output.append(deleteEventBytes(s, seq: seq, context: context))
             }
             if !client.subs.isEmpty { markDirty(client) }
@@ -159,6 +159,10 @@ extension Engine {
             case .delete(let d): collect(d)
             }
         }
+        // Every list below is put in a fixed order (Set and Dictionary
+        // iteration order is not): the same input gives the same bytes on
+        // every run and at any --threads.
+        if models.count > 1 { models.sort { Self.precedes($0.sub, $1.sub) } }
 
         // Key views of changed, forced or deleted documents.
         var keys: [KeyView] = []
@@ -166,6 +170,7 @@ extension Engine {
             for key in change.documentsChanged.union(change.documentsForced).union(change.documentsDeleted) {
                 if let v = keyViews[key] { keys.append(v) }
             }
+            if keys.count > 1 { keys.sort { $0.key < $1.key } }
         }
 
         // Collection views with changes, or dropped.
@@ -174,6 +179,7 @@ extension Engine {
             for name in Set(store.collectionChanges.keys).union(change.collectionsDeleted) {
                 if let v = collectionViews[name] { lists.append(v) }
             }
+            if lists.count > 1 { lists.sort { $0.name < $1.name } }
         }
         let listEnded = lists.map { change.collectionsDeleted.contains($0.name) }
         let listChanges = lists.map { store.collectionChanges[$0.name] ?? [] }
@@ -196,6 +202,7 @@ extension Engine {
                     entityIDs.append(id)
                 }
             }
+            if entityIDs.count > 1 { entityIDs.sort() }
         }
 
         // Parallel part: each item owns one view or one entity payload.
@@ -283,20 +290,36 @@ extension Engine {
                      origins: origins, context: context)
             }
         }
+        var orderedFeeds: [Subscription]?
         for (e, id) in entityIDs.enumerated() {
             let payload = entityPayloads[e]!
             let changed = store.valueBeforeMutation(id) != (store.entity(id) ?? .null)
             if let ws = idWatchers[id] {
-                for s in ws.values { sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context) }
+                for s in Self.ordered(ws.values) { sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context) }
             }
             if !feeds.isEmpty && (change.recordChanged.contains(id) || change.deleted.contains(id)) {
                 let type = Tree.type(of: id)
-                for s in feeds.values {
+                if orderedFeeds == nil { orderedFeeds = Self.ordered(feeds.values) }
+                for s in orderedFeeds! {
                     if case .feed(let types?) = s.kind, !types.contains(type) { continue }
                     sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context)
                 }
             }
         }
+    }
+
+    /// The fixed order of subscriptions within one mutation's events: by
+    /// connection, then by name (unique on a connection).
+    static func precedes(_ a: Subscription?, _ b: Subscription?) -> Bool {
+        guard let a, let b else { return a == nil && b != nil }
+        if a.client.id != b.client.id { return a.client.id < b.client.id }
+        return a.name < b.name
+    }
+
+    static func ordered(_ subs: some Collection<Subscription>) -> [Subscription] {
+        var list = Array(subs)
+        if list.count > 1 { list.sort { precedes($0, $1) } }
+        return list
     }
 
     /// Ends every subscription of a shared view whose document or collection went away.

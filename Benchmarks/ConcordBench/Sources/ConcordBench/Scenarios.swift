@@ -151,25 +151,34 @@ func runWriters(_ system: any System, writers: Int, channels: Range<Int>, durati
 struct Throughput {
     var updatesPerSecond: Double
     var eventsPerSecond: Double
+    /// The server's CPU time (utime + stime, all threads) over the measured interval.
+    var serverCPUSeconds: Double
+    var events: Int
+    /// Delivered events per second of server CPU: the steadier figure on two
+    /// vCPUs shared with the load generator.
+    var eventsPerCPUSecond: Double { events > 0 && serverCPUSeconds > 0 ? Double(events) / serverCPUSeconds : 0 }
 }
 
 /// Dense or sparse fan-out: `subscribers` connections × `perConnection` channels.
-func fanout(_ system: any System, subscribers: Int, perConnection: Int, stride: Int, channels: Int, duration: Double,
-            model: Bool = false, writers: Int = 2) throws -> Throughput {
+func fanout(_ system: any System, server: ServerProc, subscribers: Int, perConnection: Int, stride: Int, channels: Int,
+            duration: Double, model: Bool = false, writers: Int = 2) throws -> Throughput {
     let subs = try Subscribers(system, connections: subscribers, perConnection: perConnection, stride: stride, model: model)
     subs.start(system, latency: false)
+    let cpu0 = cpuSeconds(server.pid)
     let (updates, start) = try runWriters(system, writers: writers, channels: 0..<channels, duration: duration)
     // Each update reaches every connection watching its channel.
     let watchersPerChannel = stride == 0 ? subscribers : 1
     let expected = updates * watchersPerChannel
     let finished = subs.waitFor(expected, timeout: 30)
+    let cpu = cpuSeconds(server.pid) - cpu0
     let delivered = subs.tally.total
     subs.finish()
     if delivered < expected {
         FileHandle.standardError.write(Data("  warning: \(system.name) delivered \(delivered) of \(expected) events within the wait\n".utf8))
     }
     let elapsed = Double(finished - start) / 1e9
-    return Throughput(updatesPerSecond: Double(updates) / elapsed, eventsPerSecond: Double(delivered) / elapsed)
+    return Throughput(updatesPerSecond: Double(updates) / elapsed, eventsPerSecond: Double(delivered) / elapsed,
+                      serverCPUSeconds: cpu, events: delivered)
 }
 
 struct Latency {

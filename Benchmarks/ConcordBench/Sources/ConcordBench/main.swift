@@ -54,7 +54,7 @@ let dir = NSTemporaryDirectory() + "concord-bench-\(getpid())"
 try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
 
 nonisolated(unsafe) var step = 0
-let totalSteps = 13
+let totalSteps = 14
 /// Announces a scenario; false when `--only` excludes it.
 @discardableResult
 func progress(_ what: String) -> Bool {
@@ -100,22 +100,35 @@ func fmt(_ v: Double) -> String {
     return String(format: "%.1f", v)
 }
 
+/// Server CPU seconds and events per server CPU-second, Concord beside Redis.
+@MainActor func efficiencyRow(_ label: String, _ c: Throughput, _ r: Throughput, key: String) {
+    results["\(key)_server_cpu_s"] = c.serverCPUSeconds
+    results["redis_\(key)_server_cpu_s"] = r.serverCPUSeconds
+    results["\(key)_events_per_cpu_s"] = c.eventsPerCPUSecond
+    results["redis_\(key)_events_per_cpu_s"] = r.eventsPerCPUSecond
+    rows.append(("\(label) (events per server CPU-s; CPU s)",
+                 "\(fmt(c.eventsPerCPUSecond)); \(String(format: "%.2f", c.serverCPUSeconds))",
+                 "\(fmt(r.eventsPerCPUSecond)); \(String(format: "%.2f", r.serverCPUSeconds))",
+                 String(format: "%.2f", c.eventsPerCPUSecond / max(r.eventsPerCPUSecond, 1))))
+}
+
 do {
     // 1. Dense fan-out: S connections all watching the same 100 channels.
     for s in [1, 10, 100] {
         guard progress("dense fan-out, \(s) subscriber connection(s)") else { continue }
         let (cp, c) = try concord()
         try c.prepare(channels: 100, offset: 0)
-        let ct = try fanout(c, subscribers: s, perConnection: 100, stride: 0, channels: 100, duration: d)
+        let ct = try fanout(c, server: cp, subscribers: s, perConnection: 100, stride: 0, channels: 100, duration: d)
         cp.stop()
         let (rp, r) = try redis()
-        let rt = try fanout(r, subscribers: s, perConnection: 100, stride: 0, channels: 100, duration: d)
+        let rt = try fanout(r, server: rp, subscribers: s, perConnection: 100, stride: 0, channels: 100, duration: d)
         rp.stop()
         denseSeries.append((s, ct.eventsPerSecond, rt.eventsPerSecond))
         rows.append(("dense fan-out, \(s) subs (events/s)", fmt(ct.eventsPerSecond), fmt(rt.eventsPerSecond),
                      String(format: "%.2f", ct.eventsPerSecond / rt.eventsPerSecond)))
         rows.append(("dense fan-out, \(s) subs (updates/s)", fmt(ct.updatesPerSecond), fmt(rt.updatesPerSecond),
                      String(format: "%.2f", ct.updatesPerSecond / rt.updatesPerSecond)))
+        efficiencyRow("dense fan-out, \(s) subs", ct, rt, key: "fanout_dense_\(s)")
         if s == 100 {
             results["fanout_dense_events_per_s"] = ct.eventsPerSecond
             results["redis_fanout_dense_events_per_s"] = rt.eventsPerSecond
@@ -125,26 +138,52 @@ do {
     if progress("dense fan-out, 10 connections × 100 model views") {
         let (cp, c) = try concord()
         try c.prepare(channels: 100, offset: 0)
-        let mt = try fanout(c, subscribers: 10, perConnection: 100, stride: 0, channels: 100, duration: d, model: true)
+        let mt = try fanout(c, server: cp, subscribers: 10, perConnection: 100, stride: 0, channels: 100, duration: d, model: true)
         cp.stop()
         rows.append(("dense fan-out, 10 subs × 100 model views (events/s)", fmt(mt.eventsPerSecond), "-", "-"))
         results["fanout_dense_model_events_per_s"] = mt.eventsPerSecond
+    }
+
+    // Pipelined updates on one connection, no subscribers: the per-update cost alone.
+    if progress("pipelined updates, one connection, no subscribers") {
+        let (cp, c) = try concord()
+        try c.prepare(channels: 100, offset: 0)
+        let cpu0 = cpuSeconds(cp.pid)
+        let (cu, cs) = try runWriters(c, writers: 1, channels: 0..<100, duration: d)
+        let ccpu = cpuSeconds(cp.pid) - cpu0
+        let cRate = Double(cu) / seconds(since: cs)
+        cp.stop()
+        let (rp, r) = try redis()
+        let rcpu0 = cpuSeconds(rp.pid)
+        let (ru, rs) = try runWriters(r, writers: 1, channels: 0..<100, duration: d)
+        let rcpu = cpuSeconds(rp.pid) - rcpu0
+        let rRate = Double(ru) / seconds(since: rs)
+        rp.stop()
+        results["pipelined_updates_per_s"] = cRate
+        results["redis_pipelined_updates_per_s"] = rRate
+        results["pipelined_updates_per_cpu_s"] = ccpu > 0 ? Double(cu) / ccpu : 0
+        results["redis_pipelined_updates_per_cpu_s"] = rcpu > 0 ? Double(ru) / rcpu : 0
+        rows.append(("pipelined updates, 1 connection (updates/s)", fmt(cRate), fmt(rRate), String(format: "%.2f", cRate / rRate)))
+        rows.append(("pipelined updates (per server CPU-s)", fmt(results["pipelined_updates_per_cpu_s"]!),
+                     fmt(results["redis_pipelined_updates_per_cpu_s"]!),
+                     String(format: "%.2f", results["pipelined_updates_per_cpu_s"]! / max(results["redis_pipelined_updates_per_cpu_s"]!, 1))))
     }
 
     // 2. Sparse fan-out: 100k channels spread over 100 connections.
     if progress("sparse fan-out, 100k subscriptions over 100 connections") {
         let (cp, c) = try concord()
         try c.prepare(channels: 100_000, offset: 0)
-        let ct = try fanout(c, subscribers: 100, perConnection: 1000, stride: 1000, channels: 100_000, duration: d)
+        let ct = try fanout(c, server: cp, subscribers: 100, perConnection: 1000, stride: 1000, channels: 100_000, duration: d)
         cp.stop()
         let (rp, r) = try redis()
-        let rt = try fanout(r, subscribers: 100, perConnection: 1000, stride: 1000, channels: 100_000, duration: d)
+        let rt = try fanout(r, server: rp, subscribers: 100, perConnection: 1000, stride: 1000, channels: 100_000, duration: d)
         rp.stop()
         results["fanout_sparse_events_per_s"] = ct.eventsPerSecond
         results["redis_fanout_sparse_events_per_s"] = rt.eventsPerSecond
         results["fanout_sparse_ratio_vs_redis"] = ct.eventsPerSecond / rt.eventsPerSecond
         rows.append(("sparse fan-out, 100k subs (events/s)", fmt(ct.eventsPerSecond), fmt(rt.eventsPerSecond),
                      String(format: "%.2f", ct.eventsPerSecond / rt.eventsPerSecond)))
+        efficiencyRow("sparse fan-out, 100k subs", ct, rt, key: "fanout_sparse")
     }
 
     // 3. Latency at 1k/s and 10k/s with 100k subscriptions.
@@ -208,7 +247,7 @@ do {
     for t in progress("scaling, --threads 1 vs 2") ? [1, 2] : [] {
         let (cp, c) = try concord(threads: t)
         try c.prepare(channels: 100, offset: 0)
-        perThreads[t] = try fanout(c, subscribers: 100, perConnection: 100, stride: 0, channels: 100, duration: d, model: true).eventsPerSecond
+        perThreads[t] = try fanout(c, server: cp, subscribers: 100, perConnection: 100, stride: 0, channels: 100, duration: d, model: true).eventsPerSecond
         cp.stop()
     }
     if !perThreads.isEmpty {

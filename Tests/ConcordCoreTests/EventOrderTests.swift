@@ -1,0 +1,79 @@
+import ConcordJSON
+import Testing
+
+@testable import ConcordCore
+
+/// One mutation's events on a connection come in a fixed order, whatever the
+/// order of the hash tables inside (docs/PROTOCOL.md, "Event order within a
+/// mutation"): model views, then key views by key, then collections by name,
+/// then `entity` events by identity; subscriptions of one kind by name.
+struct EventOrderTests {
+    /// Names and keys in an order no hash table keeps by chance.
+    static let names = (0..<24).map { i -> String in
+        let k = (i * 7) % 24
+        return k < 10 ? "0\(k)" : "\(k)"
+    }
+
+    @Test func keyViewsByKey() {
+        let h = EngineHarness()
+        let a = h.connect()
+        for n in Self.names {
+            a.ok(#"{"op":"update","key":"k\#(n)","model":{"holds":{"id":"P:1","v":0}}}"#)
+            a.ok(#"{"op":"subscribe","sub":"s\#(n)","key":"k\#(n)"}"#)
+        }
+        let w = h.connect()
+        w.ok(#"{"op":"update","model":{"id":"P:1","v":1}}"#)
+        let subs = a.take().compactMap { $0["sub"]?.stringValue }
+        #expect(subs == Self.names.sorted().map { "s\($0)" })
+    }
+
+    @Test func modelViewsByName() {
+        let h = EngineHarness()
+        let a = h.connect()
+        for n in Self.names { a.ok(#"{"op":"subscribe","sub":"m\#(n)","model":{"id":"P:1","v":0}}"#) }
+        let w = h.connect()
+        w.ok(#"{"op":"update","model":{"id":"P:1","v":1}}"#)
+        let subs = a.take().compactMap { $0["sub"]?.stringValue }
+        #expect(subs == Self.names.sorted().map { "m\($0)" })
+    }
+
+    @Test func entityEventsByIdentityThenName() {
+        let h = EngineHarness()
+        let a = h.connect()
+        let ids = Self.names.map { "P:\($0)" }
+        let list = ids.map { "\"\($0)\"" }.joined(separator: ",")
+        a.ok(#"{"op":"subscribe","sub":"b","ids":[\#(list)]}"#)
+        a.ok(#"{"op":"subscribe","sub":"a","ids":[\#(list)]}"#)
+        let w = h.connect()
+        let items = ids.map { #"{"id":"\#($0)","v":1}"# }.joined(separator: ",")
+        w.ok(#"{"op":"update","model":{"all":[\#(items)]}}"#)
+        let got = a.take().map { "\($0["sub"]?.stringValue ?? "") \($0["id"]?.stringValue ?? "")" }
+        let want = ids.sorted().flatMap { ["a \($0)", "b \($0)"] }
+        #expect(got == want)
+    }
+
+    @Test func clearEndsSubscriptionsByName() {
+        let h = EngineHarness()
+        let a = h.connect()
+        for n in Self.names { a.ok(#"{"op":"subscribe","sub":"s\#(n)","key":"k\#(n)"}"#) }
+        let w = h.connect()
+        w.ok(#"{"op":"clear"}"#)
+        let subs = a.take().compactMap { $0["sub"]?.stringValue }
+        #expect(subs == Self.names.sorted().map { "s\($0)" })
+    }
+
+    @Test func kindsInAFixedOrder() {
+        let h = EngineHarness()
+        let a = h.connect()
+        a.ok(#"{"op":"collection.insert","collection":"c","items":[{"id":"P:1","v":0}]}"#)
+        a.ok(#"{"op":"update","key":"k","model":{"id":"P:1","v":0}}"#)
+        a.ok(#"{"op":"subscribe","sub":"1","ids":["P:1"]}"#)
+        a.ok(#"{"op":"subscribe","sub":"2","collection":"c"}"#)
+        a.ok(#"{"op":"subscribe","sub":"3","key":"k"}"#)
+        a.ok(#"{"op":"subscribe","sub":"4","model":{"id":"P:1","v":0}}"#)
+        let w = h.connect()
+        w.ok(#"{"op":"update","model":{"id":"P:1","v":1}}"#)
+        let subs = a.take().compactMap { $0["sub"]?.stringValue }
+        #expect(subs == ["4", "3", "2", "1"])
+    }
+}
