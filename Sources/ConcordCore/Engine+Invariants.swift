@@ -27,8 +27,9 @@ extension Engine {
         for (id, c) in clients {
             if c.id != id { note("client \(id) is filed as \(c.id)") }
             subs += c.subs.count
-            for (name, s) in c.subs {
-                if s.name != name { note("client \(id): subscription \(name) is named \(s.name)") }
+            for s in c.subs.values {
+                let name = s.name
+                if c.subs[name] !== s { note("client \(id): subscription \(name) is not found under its name") }
                 if s.client !== c { note("client \(id): subscription \(name) points at another client") }
                 switch s.kind {
                 case .model(let view):
@@ -67,11 +68,13 @@ extension Engine {
                 if !v.ids.contains(id) { note("\(id) is indexed to a model view that does not hold it") }
             }
         }
-        for (key, view) in keyViews {
+        for view in keyViews.values {
+            let key = view.key
             if view.isEmpty { note("key view \(key) has no subscriber") }
             view.forEach { s in if s.client.subs[s.name] !== s { note("key view \(key) holds a closed subscription") } }
         }
-        for (name, view) in collectionViews {
+        for view in collectionViews.values {
+            let name = view.name
             if view.isEmpty { note("collection view \(name) has no subscriber") }
             view.forEach { s in if s.client.subs[s.name] !== s { note("collection view \(name) holds a closed subscription") } }
         }

@@ -119,15 +119,15 @@ extension Engine {
                 client.output.append(deleteEventBytes(s, seq: seq, context: context))
             }
             if !client.subs.isEmpty { markDirty(client) }
-            client.subs = [:]
+            client.subs.removeAll()
             client.coalesced = []
         }
         modelWatchers = [:]
         // A shared view and its subscribers hold each other: break the links.
         for v in keyViews.values { v.removeAll() }
         for v in collectionViews.values { v.removeAll() }
-        keyViews = [:]
-        collectionViews = [:]
+        keyViews.removeAll()
+        collectionViews.removeAll()
         idWatchers = [:]
         feeds = [:]
         subscriptionCount = 0
@@ -316,7 +316,7 @@ extension Engine {
         return a.name < b.name
     }
 
-    static func ordered(_ subs: some Collection<Subscription>) -> [Subscription] {
+    static func ordered(_ subs: some Sequence<Subscription>) -> [Subscription] {
         var list = Array(subs)
         if list.count > 1 { list.sort { precedes($0, $1) } }
         return list
@@ -434,13 +434,15 @@ extension Engine {
 
     /// Encodes one key's new document once for all its subscribers. Runs on a worker.
     private func renderKey(_ view: KeyView, forced: Bool, context: JSON?) -> (payload: OutputBytes, changed: Bool)? {
+        // Running subscribers of a key always hold the document as of the
+        // last mutation, so "what they last got" is the store's value before
+        // this one (the view keeps no copy).
         let new = store.document(view.key)
-        let old = view.value
+        let old = store.documentBeforeMutation(view.key)
         let changed = old != new
         guard forced || changed else { return nil }
         var w = JSONWriter(capacity: 256)
         writeDocumentBody(&w, old: old, new: new, context: context)
-        view.value = new
         return (OutputBytes(w.bytes), changed)
     }
 }

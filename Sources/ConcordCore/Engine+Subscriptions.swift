@@ -26,13 +26,13 @@ extension Engine {
             if let v = keyViews[key] {
                 view = v
             } else {
-                view = KeyView(key: key, value: store.document(key))
+                view = KeyView(key: key)
                 keyViews[key] = view
             }
             let s = Subscription(client: c, name: name, kind: .key(view))
             view.add(s)
             add(s, to: c)
-            let v = view.value ?? .null
+            let v = store.document(key) ?? .null
             respond(c, rid: rid) { w in w.key("model"); w.value(v); w.key("seq"); w.int(seq) }
         case .ids(let list):
             var unique: [String] = []
@@ -121,7 +121,7 @@ extension Engine {
     func baseline(_ s: Subscription) -> PauseState {
         let state = PauseState()
         switch s.kind {
-        case .key(let view): state.document = view.value
+        case .key(let view): state.document = store.document(view.key)
         case .collection(let view): state.items = store.collectionItems(view.name)
         default: break
         }
@@ -158,7 +158,7 @@ extension Engine {
             c.output.append(bytes)
         case .key(let view):
             let base = state.document
-            let now = view.value
+            let now = store.document(view.key)
             if base == now { return }
             var w = JSONWriter()
             eventHeader(&w, "update", s, seq, coalesced: coalesced)

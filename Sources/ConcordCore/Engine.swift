@@ -59,8 +59,8 @@ public final class Engine {
 
     /// Identity → the model views holding it.
     var modelWatchers: [String: [ObjectIdentifier: ModelView]] = [:]
-    var keyViews: [String: KeyView] = [:]
-    var collectionViews: [String: CollectionView] = [:]
+    var keyViews = NameTable<KeyView>()
+    var collectionViews = NameTable<CollectionView>()
     /// Identity → the `ids` subscriptions listing it.
     var idWatchers: [String: [ObjectIdentifier: Subscription]] = [:]
     var feeds: [ObjectIdentifier: Subscription] = [:]
@@ -112,7 +112,7 @@ public final class Engine {
     public func close(_ id: ConnectionID) {
         guard let c = clients.removeValue(forKey: id) else { return }
         for s in c.subs.values { unregister(s) }
-        c.subs = [:]
+        c.subs.removeAll()
         checkInvariantsIfEnabled()
     }
 

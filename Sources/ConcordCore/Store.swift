@@ -130,6 +130,12 @@ final class Store {
         return entities[id]?.value ?? .null
     }
 
+    /// The document under `key` before the running mutation (nil: absent).
+    func documentBeforeMutation(_ key: String) -> JSON? {
+        if let j = documentJournal[key] { return j }
+        return documents[key]?.value
+    }
+
     func entity(_ id: String) -> JSON? { entities[id]?.value }
     func document(_ key: String) -> JSON? { documents[key]?.value }
     func requiredMembers(_ type: String) -> Set<String>? { required[type] }

@@ -28,7 +28,7 @@ final class PauseState {
 /// One client session as the core sees it.
 final class Client {
     let id: ConnectionID
-    var subs: [String: Subscription] = [:]
+    var subs = NameTable<Subscription>()
     var output = OutputQueue()
     var dirty = false
     /// Lines read while an earlier request of this connection waits (read-through
@@ -191,14 +191,13 @@ class SharedView {
 
 /// All `key` subscriptions of one cache key share one view: the document is
 /// rendered and encoded once per mutation and the bytes go to every subscriber.
+/// Its running subscribers always hold the store's document as of the last
+/// mutation, so the view keeps no copy of it (48 bytes: one per watched key).
 final class KeyView: SharedView {
     let key: String
-    /// The document as last sent to running subscribers (nil: none).
-    var value: JSON?
 
-    init(key: String, value: JSON?) {
+    init(key: String) {
         self.key = key
-        self.value = value
     }
 }
 

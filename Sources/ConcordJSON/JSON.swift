@@ -149,6 +149,9 @@ extension JSON: Equatable {
         case let (.string(a), .string(b)): return a == b
         case let (.array(a), .array(b)):
             guard a.count == b.count else { return false }
+            // Copy-on-write sharing: one buffer is one value (the common case
+            // when comparing a tree with its previous version).
+            if sameBuffer(a, b) { return true }
             for i in a.indices where !(a[i] == b[i]) { return false }
             return true
         case let (.object(a), .object(b)):
@@ -159,10 +162,18 @@ extension JSON: Equatable {
     }
 }
 
+/// True when two non-empty arrays share one buffer (so they are equal).
+@inline(__always)
+func sameBuffer<T>(_ a: [T], _ b: [T]) -> Bool {
+    guard !a.isEmpty else { return false }
+    return a.withUnsafeBufferPointer { x in b.withUnsafeBufferPointer { y in x.baseAddress == y.baseAddress } }
+}
+
 extension JSONObject: Equatable {
     public static func == (lhs: JSONObject, rhs: JSONObject) -> Bool {
         let a = lhs.members, b = rhs.members
         guard a.count == b.count else { return false }
+        if sameBuffer(a, b) { return true }
         // Same order is the common case: a linear pass decides it.
         var sameOrder = true
         for i in a.indices where a[i].key != b[i].key {
