@@ -76,7 +76,7 @@ let package = Package(
         // Ad-hoc load and measurement tool (no extra dependencies).
         .executableTarget(
             name: "concord-load",
-            dependencies: ["ConcordJSON", "ConcordProtocol", "ConcordServer", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["ConcordJSON", "ConcordProtocol", "ConcordCore", "ConcordServer", .product(name: "Logging", package: "swift-log")],
             path: "Benchmarks/ConcordLoad", swiftSettings: swiftSettings
         ),
 

@@ -10,9 +10,13 @@
 //   concord-load backend     [--cache memory|sqlite|hash] [-n N]   get/write_batch rates through the ABI
 //   concord-load populate    --socket P [-n N]           fill a server with N entities
 //   concord-load first-get   --socket P [--id ID]        time to the first `get` after a start
+//   concord-load core        [--subs S] [--kind key|model|none] [-n N]
+//                                                        the engine alone, one thread, no sockets: µs per
+//                                                        update with S subscriber connections (for perf/callgrind)
 //
 // The benchmark next to Redis is Benchmarks/ConcordBench (make bench).
 
+import ConcordCore
 import ConcordJSON
 import ConcordProtocol
 import ConcordServer
@@ -164,6 +168,43 @@ case "codec":
     print("document \(doc.count) B, \(n) iterations (sink \(sink % 7))")
     print(String(format: "parse:  %.1f MB/s  (%.2f µs per document)", mb / parseS, parseS / Double(n) * 1e6))
     print(String(format: "encode: %.1f MB/s  (%.2f µs per document)", mb / encodeS, encodeS / Double(n) * 1e6))
+
+case "core":
+    // The engine on this thread: the sequencer's work per update, without the
+    // loop, the hand-offs or the kernel. Same payloads as concord-bench.
+    let n = Int(option("-n", "200000"))!
+    let subs = Int(option("--subs", "1"))!
+    let kind = option("--kind", "key")
+    var configuration = EngineConfiguration()
+    configuration.outputSoftBytes = 0
+    configuration.internalChecks = false
+    let engine = Engine(configuration: configuration)
+    func entity(_ i: Int, _ v: Int) -> String {
+        #"{"id":"E:\#(i)","t":\#(v),"name":"Ada Lovelace","title":"Analyst","bio":"First to publish an algorithm intended for a machine; notes on the Analytical Engine.","tags":["math","poetry"],"v":\#(v)}"#
+    }
+    engine.open(0)
+    for i in 0..<100 { engine.handleLine(Array(#"{"op":"update","key":"k\#(i)","model":\#(entity(i, 0))}"#.utf8), from: 0) }
+    if kind != "none" {
+        for c in 1...max(subs, 1) {
+            engine.open(c)
+            for i in 0..<100 {
+                let line = kind == "model" ? #"{"op":"subscribe","sub":"m\#(i)","model":\#(entity(i, 0))}"#
+                                           : #"{"op":"subscribe","sub":"k\#(i)","key":"k\#(i)"}"#
+                engine.handleLine(Array(line.utf8), from: c)
+            }
+        }
+    }
+    _ = engine.takeOutput()
+    let lines = (0..<n).map { k in Array(#"{"op":"update","model":\#(entity(k % 100, k + 1))}"#.utf8) }
+    var bytes = 0
+    let t = now()
+    for l in lines {
+        engine.handleLine(l, from: 0)
+        for (_, chunks) in engine.takeOutput() { for ch in chunks { bytes &+= ch.count } }
+    }
+    let s = now() - t
+    print(String(format: "core: %d updates, %@ × %d subscriber connection(s): %.2f µs per update (%.0f updates/s), %d bytes out",
+                 n, kind, kind == "none" ? 0 : subs, s / Double(n) * 1e6, Double(n) / s, bytes))
 
 case "pipeline":
     let n = Int(option("-n", "200000"))!

@@ -368,7 +368,9 @@ final class Store {
                 new = old  // cascades were decided before; unreachable
             }
             if old != new {
-                setEntity(id, new)
+                // Substituting current values keeps the same nested
+                // identities; pruning deletes may drop some.
+                if deleted.isEmpty { refreshEntity(rec, id, new) } else { setEntity(id, new) }
                 change.valueChanged.insert(id)
             }
             inProgress.remove(id)
@@ -394,7 +396,7 @@ final class Store {
                 new = .null
             }
             if old != new {
-                setDocument(key, new)
+                if deleted.isEmpty { refreshDocument(doc, key, new) } else { setDocument(key, new) }
                 change.documentsChanged.insert(key)
             }
         }
@@ -433,6 +435,19 @@ final class Store {
         }
     }
 
+    /// A new materialized value with the same nested identities (a child's
+    /// new version substituted): the normalized structure stays as it is.
+    private func refreshEntity(_ rec: EntityRecord, _ id: String, _ value: JSON) {
+        if entityJournal[id] == nil { entityJournal[id] = .some(rec.value) }
+        rec.value = value
+    }
+
+    /// The document's top-most entities re-substituted: same children.
+    private func refreshDocument(_ doc: DocumentRecord, _ key: String, _ value: JSON) {
+        if documentJournal[key] == nil { documentJournal[key] = .some(doc.value) }
+        doc.value = value
+    }
+
     private func removeEntity(_ id: String) {
         if entityJournal[id] == nil { entityJournal[id] = .some(entities[id]?.value) }
         guard let rec = entities.removeValue(forKey: id) else { return }
@@ -443,6 +458,10 @@ final class Store {
         let old = documents[key]
         if documentJournal[key] == nil { documentJournal[key] = .some(old?.value) }
         let newChildren = value.map { tree.topEntities($0) } ?? [:]
+        if let old, let value, old.children == newChildren {
+            old.value = value
+            return
+        }
         if let old {
             for (c, n) in old.children { adjustDocumentReferrer(of: c, key: key, by: -n) }
         }

@@ -244,9 +244,39 @@ struct Tree {
         return (order, values)
     }
 
+    /// Every occurrence of an identity in pre-order, with its value.
+    func occurrences(_ value: JSON, into out: inout [(id: String, value: JSON)]) {
+        switch value {
+        case .object(let o):
+            if let id = o.identity(idKey: idKey) { out.append((id, value)) }
+            for m in o.members { occurrences(m.value, into: &out) }
+        case .array(let a):
+            for item in a { occurrences(item, into: &out) }
+        default:
+            break
+        }
+    }
+
     /// `changed`: identities in `new` whose value differs from `old` or that are new;
     /// `deleted`: identities of `old` absent from `new`. Both in pre-order.
     func diff(old: JSON?, new: JSON?) -> (changed: [String], deleted: [String]) {
+        // Common case first: the same identities at the same places (a
+        // value changed, the shape did not). Lists of occurrences, no hashing;
+        // unchanged subtrees share buffers, so comparing them is O(1).
+        var os: [(id: String, value: JSON)] = []
+        var ns: [(id: String, value: JSON)] = []
+        if let old { occurrences(old, into: &os) }
+        if let new { occurrences(new, into: &ns) }
+        if os.count == ns.count, !os.indices.contains(where: { os[$0].id != ns[$0].id }) {
+            var changed: [String] = []
+            var seen: Set<String> = []
+            for i in ns.indices {
+                let id = ns[i].id
+                let first = ns.count <= 16 ? !ns[..<i].contains(where: { $0.id == id }) : seen.insert(id).inserted
+                if first && !(os[i].value == ns[i].value) { changed.append(id) }
+            }
+            return (changed, [])
+        }
         let empty: (order: [String], values: [String: JSON]) = ([], [:])
         let o = old.map { identities($0) } ?? empty
         let n = new.map { identities($0) } ?? empty

@@ -62,9 +62,18 @@ public struct JSONNumber: Sendable, CustomStringConvertible {
 
     /// True when the lexeme has neither fraction nor exponent.
     public var isInteger: Bool {
+        // Contiguous bytes (no per-character String iteration): this runs
+        // on every comparison of two different numbers.
+        if let r = text.utf8.withContiguousStorageIfAvailable({ Self.integerLexeme($0) }) { return r }
         for u in text.utf8 where u == UInt8(ascii: ".") || u == UInt8(ascii: "e") || u == UInt8(ascii: "E") {
             return false
         }
+        return true
+    }
+
+    @inline(__always)
+    static func integerLexeme(_ b: UnsafeBufferPointer<UInt8>) -> Bool {
+        for u in b where u == UInt8(ascii: ".") || u == UInt8(ascii: "e") || u == UInt8(ascii: "E") { return false }
         return true
     }
 
@@ -82,7 +91,9 @@ public struct JSONNumber: Sendable, CustomStringConvertible {
         if text == other.text { return true }
         // Two integers have one canonical spelling each (JSON forbids leading
         // zeros), so different texts mean different values — except -0 and 0.
-        if isInteger && other.isInteger { return integerText == other.integerText }
+        if isInteger && other.isInteger {
+            return (text == "-0" || text == "0") && (other.text == "-0" || other.text == "0")
+        }
         return Decimal10(text) == Decimal10(other.text)
     }
 }

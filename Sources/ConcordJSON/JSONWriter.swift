@@ -25,9 +25,25 @@ public struct JSONWriter: Sendable {
     }
 
     public mutating func string(_ s: String) {
-        bytes.append(0x22)
+        // Contiguous UTF-8 without copying the string (small strings are
+        // spilled to the stack by the standard library).
+        if let done = s.utf8.withContiguousStorageIfAvailable({ utf8 -> Bool in
+            appendQuoted(utf8)
+            return true
+        }), done {
+            return
+        }
         var s = s
-        s.withUTF8 { utf8 in
+        s.withUTF8 { appendQuoted($0) }
+    }
+
+    /// `utf8` between quotes, escaped as RFC 8259 requires. Runs that need no
+    /// escaping (almost everything) are copied in one piece.
+    @inline(__always)
+    private mutating func appendQuoted(_ utf8: UnsafeBufferPointer<UInt8>) {
+        bytes.reserveCapacity(bytes.count + utf8.count + 2)
+        bytes.append(0x22)
+        do {
             var runStart = 0
             for i in 0..<utf8.count {
                 let c = utf8[i]
@@ -85,8 +101,10 @@ public struct JSONWriter: Sendable {
         case .null: raw("null")
         case .bool(let b): if b { raw("true") } else { raw("false") }
         case .number(let n):
-            var t = n.text
-            t.withUTF8 { bytes.append(contentsOf: $0) }
+            if n.text.utf8.withContiguousStorageIfAvailable({ bytes.append(contentsOf: $0) }) == nil {
+                var t = n.text
+                t.withUTF8 { bytes.append(contentsOf: $0) }
+            }
         case .string(let s): string(s)
         case .array(let a):
             bytes.append(UInt8(ascii: "["))
