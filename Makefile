@@ -5,7 +5,7 @@ APT_PACKAGES := libuv1-dev libjemalloc-dev libsqlite3-dev pkg-config gcc
 SOCKET ?= $(CONCORD_SOCKET)
 SWIFT_TEST_FLAGS ?=
 
-.PHONY: run test build release deps clean soak bench bench-full bench-deps sanitize sanitize-thread sanitize-address fuzz
+.PHONY: run test build release deps clean soak bench bench-full bench-deps bench-core bench-instructions sanitize sanitize-thread sanitize-address fuzz
 
 # Installs the Debian packages the build needs when one is missing.
 deps:
@@ -73,5 +73,16 @@ bench: bench-deps
 bench-full: bench-deps
 	cd Benchmarks/ConcordBench && .build/release/concord-bench --full --server ../../.build/release/concord-server --out ../results
 
+# Micro-benchmarks of the core (wall clock and mallocs per operation; first build ~3 min).
+bench-core: deps
+	cd Benchmarks/CoreBench && swift package --disable-sandbox benchmark --no-progress
+
+# Instructions per update in the engine (callgrind; repeatable on a noisy machine).
+bench-instructions: release
+	@for k in "none 1 20000" "key 1 20000" "key 100 2000"; do set -- $$k; \
+		valgrind --tool=callgrind --callgrind-out-file=.build/callgrind.$$1.$$2 .build/release/concord-load core --kind $$1 --subs $$2 -n $$3 >/dev/null 2>&1; \
+		callgrind_annotate --inclusive=yes .build/callgrind.$$1.$$2 | grep -E "=> .*Engine(C10handleLine_4from|C10takeOutput)" \
+		| awk -v n=$$3 -v k="$$1 x $$2" '{gsub(",","",$$1); if ($$1+0 > 0 && index($$0, "(" ) ) { split($$0, a, "("); c=a[length(a)]; gsub(/[x), ]/,"",c); if (c+0 == n) s+=$$1 } } END {printf "%s: %.0f instructions per update\n", k, s/n}'; done
+
 clean:
-	rm -rf .build Benchmarks/ConcordBench/.build
+	rm -rf .build Benchmarks/ConcordBench/.build Benchmarks/CoreBench/.build

@@ -106,7 +106,9 @@ extension Engine {
             }
         }
         for key in change.documentsChanged {
-            if let v = store.document(key), v.nests(deeperThan: limit) {
+            // A document whose root is an entity is that entity's stored
+            // value, checked above (or unchanged and checked before).
+            if let v = store.document(key), v.identity(idKey: configuration.idKey) == nil, v.nests(deeperThan: limit) {
                 throw ProtocolError(.tooDeep, "the document '\(clipID(key))' would nest deeper than \(limit) levels with its entities; nothing was applied")
             }
         }
@@ -167,7 +169,14 @@ extension Engine {
         // Key views of changed, forced or deleted documents.
         var keys: [KeyView] = []
         if !keyViews.isEmpty {
-            for key in change.documentsChanged.union(change.documentsForced).union(change.documentsDeleted) {
+            // The three sets, each key once, without building their union.
+            for key in change.documentsChanged {
+                if let v = keyViews[key] { keys.append(v) }
+            }
+            for key in change.documentsForced where !change.documentsChanged.contains(key) {
+                if let v = keyViews[key] { keys.append(v) }
+            }
+            for key in change.documentsDeleted where !change.documentsChanged.contains(key) && !change.documentsForced.contains(key) {
                 if let v = keyViews[key] { keys.append(v) }
             }
             if keys.count > 1 { keys.sort { $0.key < $1.key } }

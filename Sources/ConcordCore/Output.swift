@@ -65,10 +65,21 @@ public struct OutputQueue {
         own = w.bytes
     }
 
+    /// Shared payloads up to this size are copied into the connection's own
+    /// bytes rather than referenced: a copy of a few hundred bytes costs less
+    /// than a reference (retain, a part, an iovec, a release after the write).
+    /// Measured with `concord-load core --subs 100` and concord-bench
+    /// (docs/ARCHITECTURE.md, "Where the time and the bytes go").
+    public static let copyLimit = 1024
+
     mutating func append(shared: OutputBytes) {
+        byteCount += shared.count
+        if shared.count <= Self.copyLimit {
+            own.append(contentsOf: UnsafeBufferPointer(start: shared.base.assumingMemoryBound(to: UInt8.self), count: shared.count))
+            return
+        }
         closeRun()
         parts.append((shared, 0, shared.count))
-        byteCount += shared.count
     }
 
     private mutating func closeRun() {

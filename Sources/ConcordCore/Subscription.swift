@@ -107,7 +107,9 @@ final class Subscription {
     func writeName(_ w: inout JSONWriter) {
         if nameIsPlain {
             w.bytes.append(0x22)
-            w.bytes.append(contentsOf: name.utf8)
+            if name.utf8.withContiguousStorageIfAvailable({ w.bytes.append(contentsOf: $0) }) == nil {
+                w.bytes.append(contentsOf: name.utf8)
+            }
             w.bytes.append(0x22)
         } else {
             w.string(name)
