@@ -14,26 +14,26 @@ struct EventOrderTests {
         return k < 10 ? "0\(k)" : "\(k)"
     }
 
-    @Test func keyViewsByKey() {
+    /// Sets up one connection with `setup(name)` for every name, lets another
+    /// connection send `mutation`, and returns the first connection's event subscriptions.
+    static func eventOrder(setup: (String) -> [String], mutation: String) -> [String] {
         let h = EngineHarness()
         let a = h.connect()
-        for n in Self.names {
-            a.ok(#"{"op":"update","key":"k\#(n)","model":{"holds":{"id":"P:1","v":0}}}"#)
-            a.ok(#"{"op":"subscribe","sub":"s\#(n)","key":"k\#(n)"}"#)
-        }
-        let w = h.connect()
-        w.ok(#"{"op":"update","model":{"id":"P:1","v":1}}"#)
-        let subs = a.take().compactMap { $0["sub"]?.stringValue }
+        for n in names { for line in setup(n) { a.ok(line) } }
+        h.connect().ok(mutation)
+        return a.take().compactMap { $0["sub"]?.stringValue }
+    }
+
+    @Test func keyViewsByKey() {
+        let subs = Self.eventOrder(setup: { n in
+            [#"{"op":"update","key":"k\#(n)","model":{"holds":{"id":"P:1","v":0}}}"#, #"{"op":"subscribe","sub":"s\#(n)","key":"k\#(n)"}"#]
+        }, mutation: #"{"op":"update","model":{"id":"P:1","v":1}}"#)
         #expect(subs == Self.names.sorted().map { "s\($0)" })
     }
 
     @Test func modelViewsByName() {
-        let h = EngineHarness()
-        let a = h.connect()
-        for n in Self.names { a.ok(#"{"op":"subscribe","sub":"m\#(n)","model":{"id":"P:1","v":0}}"#) }
-        let w = h.connect()
-        w.ok(#"{"op":"update","model":{"id":"P:1","v":1}}"#)
-        let subs = a.take().compactMap { $0["sub"]?.stringValue }
+        let subs = Self.eventOrder(setup: { n in [#"{"op":"subscribe","sub":"m\#(n)","model":{"id":"P:1","v":0}}"#] },
+                                   mutation: #"{"op":"update","model":{"id":"P:1","v":1}}"#)
         #expect(subs == Self.names.sorted().map { "m\($0)" })
     }
 
@@ -53,12 +53,7 @@ struct EventOrderTests {
     }
 
     @Test func clearEndsSubscriptionsByName() {
-        let h = EngineHarness()
-        let a = h.connect()
-        for n in Self.names { a.ok(#"{"op":"subscribe","sub":"s\#(n)","key":"k\#(n)"}"#) }
-        let w = h.connect()
-        w.ok(#"{"op":"clear"}"#)
-        let subs = a.take().compactMap { $0["sub"]?.stringValue }
+        let subs = Self.eventOrder(setup: { n in [#"{"op":"subscribe","sub":"s\#(n)","key":"k\#(n)"}"#] }, mutation: #"{"op":"clear"}"#)
         #expect(subs == Self.names.sorted().map { "s\($0)" })
     }
 

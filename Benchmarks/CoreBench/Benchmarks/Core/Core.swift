@@ -36,6 +36,25 @@ func updates(_ count: Int, channels: Int) -> [[UInt8]] {
     (0..<count).map { k in line(#"{"op":"update","model":\#(entity(k % channels, k + 1))}"#) }
 }
 
+/// Updates of random entities E:0..99 (each in document k_i), measured with
+/// `subscribers` connections each subscribed with `subscribe(i)` for i in 0..<100.
+func measureUpdates(_ b: Benchmark, subscribers: Int, subscribe: (Int) -> String) {
+    let e = engine(documents: 100)
+    if subscribers > 0 {
+        for c in 1...subscribers {
+            e.open(c)
+            for i in 0..<100 { e.handleLine(line(subscribe(i)), from: c) }
+        }
+    }
+    _ = e.takeOutput()
+    let lines = updates(b.scaledIterations.count, channels: 100)
+    b.startMeasurement()
+    for l in lines {
+        e.handleLine(l, from: 0)
+        blackHole(e.takeOutput())
+    }
+}
+
 let benchmarks: @Sendable () -> Void = {
     Benchmark.defaultConfiguration = .init(metrics: [.wallClock, .mallocCountTotal, .throughput],
                                            scalingFactor: .kilo, maxDuration: .seconds(3))
@@ -52,55 +71,19 @@ let benchmarks: @Sendable () -> Void = {
     }
 
     Benchmark("update: no subscribers (the pipelined writer)") { b in
-        let e = engine(documents: 100)
-        let lines = updates(b.scaledIterations.count, channels: 100)
-        b.startMeasurement()
-        for l in lines {
-            e.handleLine(l, from: 0)
-            blackHole(e.takeOutput())
-        }
+        measureUpdates(b, subscribers: 0, subscribe: { _ in "" })
     }
 
     Benchmark("update: one key subscriber (dense fan-out, 1 connection)") { b in
-        let e = engine(documents: 100)
-        e.open(1)
-        for i in 0..<100 { e.handleLine(line(#"{"op":"subscribe","sub":"k\#(i)","key":"k\#(i)"}"#), from: 1) }
-        _ = e.takeOutput()
-        let lines = updates(b.scaledIterations.count, channels: 100)
-        b.startMeasurement()
-        for l in lines {
-            e.handleLine(l, from: 0)
-            blackHole(e.takeOutput())
-        }
+        measureUpdates(b, subscribers: 1, subscribe: { i in #"{"op":"subscribe","sub":"k\#(i)","key":"k\#(i)"}"# })
     }
 
-    Benchmark("update: 100 key subscribers (dense fan-out, 100 connections)",
-              configuration: .init(metrics: [.wallClock, .mallocCountTotal, .throughput], scalingFactor: .kilo, maxDuration: .seconds(3))) { b in
-        let e = engine(documents: 100)
-        for c in 1...100 {
-            e.open(c)
-            for i in 0..<100 { e.handleLine(line(#"{"op":"subscribe","sub":"k\#(i)","key":"k\#(i)"}"#), from: c) }
-        }
-        _ = e.takeOutput()
-        let lines = updates(b.scaledIterations.count, channels: 100)
-        b.startMeasurement()
-        for l in lines {
-            e.handleLine(l, from: 0)
-            blackHole(e.takeOutput())
-        }
+    Benchmark("update: 100 key subscribers (dense fan-out, 100 connections)") { b in
+        measureUpdates(b, subscribers: 100, subscribe: { i in #"{"op":"subscribe","sub":"k\#(i)","key":"k\#(i)"}"# })
     }
 
     Benchmark("update: one model-view subscriber") { b in
-        let e = engine(documents: 100)
-        e.open(1)
-        for i in 0..<100 { e.handleLine(line(#"{"op":"subscribe","sub":"m\#(i)","model":\#(entity(i, 0))}"#), from: 1) }
-        _ = e.takeOutput()
-        let lines = updates(b.scaledIterations.count, channels: 100)
-        b.startMeasurement()
-        for l in lines {
-            e.handleLine(l, from: 0)
-            blackHole(e.takeOutput())
-        }
+        measureUpdates(b, subscribers: 1, subscribe: { i in #"{"op":"subscribe","sub":"m\#(i)","model":\#(entity(i, 0))}"# })
     }
 
     Benchmark("subscribe: one key subscription on a distinct key") { b in
