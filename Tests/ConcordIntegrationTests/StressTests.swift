@@ -12,11 +12,15 @@ import Testing
 struct StressTests {
     static var soak: Bool { ProcessInfo.processInfo.environment["CONCORD_SOAK"] != nil }
 
+    /// The worker threads a seed's server runs with: both configurations are covered.
+    static func threads(_ seed: UInt64) -> String { seed % 2 == 0 ? "2" : "1" }
+
     /// `--parallel-threshold 1` sends every step through the worker pool, so
-    /// the parallel paths are the ones under test.
+    /// the parallel paths are the ones under test; odd seeds run `--threads 1`
+    /// (everything inline on the sequencer), even seeds `--threads 2`.
     @Test(arguments: soak ? Array(1...8) : [1, 2])
     func randomConcurrentOperationsKeepEveryViewConsistent(seed: UInt64) throws {
-        let server = try ServerProcess(arguments: ["--threads", "2", "--parallel-threshold", "1"], environment: internalChecks)
+        let server = try ServerProcess(arguments: ["--threads", Self.threads(seed), "--parallel-threshold", "1"], environment: internalChecks)
         try server.connect().request(#"{"op":"schema","required":{"Msg":["from"]}}"#)
         let workers = 6
         let opsPerWorker = Self.soak ? 3000 : 250
@@ -267,7 +271,7 @@ final class Player: @unchecked Sendable {
 struct CollectionStressTests {
     @Test(arguments: StressTests.soak ? Array(1...10) : [1, 2, 3] as [UInt64])
     func concurrentWritersAndAnObserverConverge(seed: UInt64) throws {
-        let server = try ServerProcess(arguments: ["--threads", "2", "--parallel-threshold", "1"], environment: internalChecks)
+        let server = try ServerProcess(arguments: ["--threads", StressTests.threads(seed), "--parallel-threshold", "1"], environment: internalChecks)
         let setup = try server.connect()
         try setup.request(#"{"op":"schema","required":{"Row":["owner"]}}"#)
         let observer = try server.connect()
