@@ -22,6 +22,7 @@ let package = Package(
         .library(name: "ConcordProtocol", targets: ["ConcordProtocol"]),
         .library(name: "_ConcordCore", targets: ["ConcordCore"]),
         .library(name: "ConcordClient", targets: ["ConcordClient"]),
+        .library(name: "ConcordSocket", targets: ["ConcordSocket"]),
         .executable(name: "concord", targets: ["ConcordCLI"]),
         // Cache backends, loaded at run time through the C ABI (docs/PLUGINS.md).
         .library(name: "ConcordMemoryBackend", type: .dynamic, targets: ["ConcordMemoryBackend"]),
@@ -54,8 +55,11 @@ let package = Package(
         .target(name: "ConcordProtocol", dependencies: ["ConcordJSON"], swiftSettings: swiftSettings),
         .target(name: "ConcordCore", dependencies: ["ConcordJSON", "ConcordProtocol"], swiftSettings: hotPathSettings),
 
+        // Connecting to a Unix socket: the one helper every client in the tree uses (Glibc only).
+        .target(name: "ConcordSocket", swiftSettings: swiftSettings),
+
         // The client SDK: a POSIX socket, a reader thread, async API; no libuv.
-        .target(name: "ConcordClient", dependencies: ["ConcordJSON", "ConcordProtocol"], swiftSettings: swiftSettings),
+        .target(name: "ConcordClient", dependencies: ["ConcordJSON", "ConcordProtocol", "ConcordSocket"], swiftSettings: swiftSettings),
         .executableTarget(
             name: "ConcordCLI",
             dependencies: ["ConcordClient", "ConcordJSON", .product(name: "ArgumentParser", package: "swift-argument-parser")],
@@ -66,7 +70,7 @@ let package = Package(
         .target(
             name: "ConcordServer",
             dependencies: [
-                "CLibUV", "CJemalloc", "CConcordRuntime", "CConcordBackendABI", "ConcordJSON", "ConcordProtocol", "ConcordCore",
+                "CLibUV", "CJemalloc", "CConcordRuntime", "CConcordBackendABI", "ConcordJSON", "ConcordProtocol", "ConcordCore", "ConcordSocket",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
@@ -84,7 +88,7 @@ let package = Package(
         // Ad-hoc load and measurement tool (no extra dependencies).
         .executableTarget(
             name: "concord-load",
-            dependencies: ["ConcordJSON", "ConcordProtocol", "ConcordCore", "ConcordServer", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["ConcordJSON", "ConcordProtocol", "ConcordCore", "ConcordServer", "ConcordSocket", .product(name: "Logging", package: "swift-log")],
             path: "Benchmarks/ConcordLoad", swiftSettings: swiftSettings
         ),
 
@@ -101,7 +105,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ConcordIntegrationTests",
-            dependencies: ["ConcordJSON", "ConcordClient", "ConcordTestSupport"],
+            dependencies: ["ConcordJSON", "ConcordClient", "ConcordSocket", "ConcordTestSupport"],
             swiftSettings: swiftSettings
         ),
     ]

@@ -1,18 +1,23 @@
 // swift-tools-version:6.1
 // The load-test benchmarks: a separate package so the benchmark-only
 // dependency (hdrhistogram-swift) never reaches users of the root package.
-// It talks to concord-server and redis-server over their Unix sockets only.
+// It talks to concord-server and redis-server over their Unix sockets only;
+// from the root package it takes just the Unix-socket helper (ConcordSocket).
 import PackageDescription
 
 let package = Package(
     name: "ConcordBench",
     dependencies: [
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+        .package(path: "../.."),
     ],
     targets: [
         .executableTarget(
             name: "concord-bench",
-            dependencies: [.product(name: "Histogram", package: "hdrhistogram-swift")],
+            dependencies: [
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+                .product(name: "ConcordSocket", package: "main"),
+            ],
             path: "Sources/ConcordBench"
         ),
     ]

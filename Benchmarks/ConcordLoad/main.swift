@@ -19,6 +19,7 @@
 import ConcordCore
 import ConcordJSON
 import ConcordProtocol
+import ConcordSocket
 import ConcordServer
 import Foundation
 import Logging
@@ -65,24 +66,7 @@ final class Client: @unchecked Sendable {
     init(fd: Int32) { self.fd = fd }
 
     /// A connected socket, or nil.
-    static func connectSocket(_ path: String) -> Int32? {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
-            let b = Array(path.utf8)
-            raw.copyBytes(from: b)
-            raw[b.count] = 0
-        }
-        let rc = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        if rc != 0 {
-            close(fd)
-            return nil
-        }
-        return fd
-    }
+    static func connectSocket(_ path: String) -> Int32? { try? UnixSocket.connect(path) }
 
     func write(_ bytes: [UInt8]) {
         var off = 0

@@ -1,5 +1,6 @@
 public import ConcordJSON
 import ConcordProtocol
+import ConcordSocket
 import Foundation
 
 #if canImport(Glibc)
@@ -112,29 +113,9 @@ public final class ConcordClient: @unchecked Sendable {
     // MARK: Socket
 
     static func openSocket(_ path: String) throws -> Int32 {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw ConcordError(.disconnected, "socket() failed: errno \(errno)") }
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else {
-            Glibc.close(fd)
-            throw ConcordError(.disconnected, "socket path too long: \(path)")
-        }
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        let rc = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        guard rc == 0 else {
-            let e = errno
-            Glibc.close(fd)
-            throw ConcordError(.disconnected, "cannot connect to \(path): \(String(cString: strerror(e)))")
-        }
-        var on: Int32 = 1
-        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, socklen_t(MemoryLayout<Int32>.size))
+        let fd: Int32
+        do { fd = try UnixSocket.connect(path) } catch { throw ConcordError(.disconnected, error.description) }
+        UnixSocket.setOption(fd, SO_KEEPALIVE, 1)
         return fd
     }
 

@@ -2,6 +2,7 @@ import CConcordRuntime
 import CLibUV
 import ConcordCore
 import ConcordProtocol
+import ConcordSocket
 import Logging
 import Synchronization
 
@@ -242,7 +243,7 @@ public final class Server {
         guard (st.st_mode & S_IFMT) == S_IFSOCK else {
             throw StartupError(description: "\(path) exists and is not a socket; refusing to replace it")
         }
-        if Self.someoneAnswers(path) {
+        if UnixSocket.someoneAnswers(path) {
             throw StartupError(description: "another server is already listening on \(path)")
         }
         if unlink(path) != 0 {
@@ -285,24 +286,6 @@ public final class Server {
         if access(dir, W_OK | X_OK) != 0 {
             throw StartupError(description: "no permission to create the socket in \(dir): \(String(cString: strerror(errno)))")
         }
-    }
-
-    /// True when a process accepts connections on `path`.
-    static func someoneAnswers(_ path: String) -> Bool {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { return false }
-        defer { close(fd) }
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
-            let bytes = Array(path.utf8.prefix(raw.count - 1))
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        let rc = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        return rc == 0
     }
 
     private func listen() throws(StartupError) {

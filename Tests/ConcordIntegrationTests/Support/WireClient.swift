@@ -1,4 +1,5 @@
 import ConcordJSON
+import ConcordSocket
 import Foundation
 
 #if canImport(Glibc)
@@ -16,28 +17,12 @@ final class WireClient: @unchecked Sendable {
     private let parser = JSONParser(maxDepth: 100_000)
 
     init(path: String, timeout: Double = 10) throws {
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw TestFailure("socket() failed") }
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
-            let bytes = Array(path.utf8.prefix(raw.count - 1))
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        let rc = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        if rc != 0 {
-            Glibc.close(fd)
-            throw TestFailure("connect(\(path)) failed: errno \(errno)")
-        }
+        do { fd = try UnixSocket.connect(path) } catch { throw TestFailure(error.description) }
         setTimeout(timeout)
     }
 
     func setTimeout(_ seconds: Double) {
-        var tv = timeval(tv_sec: Int(seconds), tv_usec: Int((seconds - Double(Int(seconds))) * 1_000_000))
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        UnixSocket.setReceiveTimeout(fd, seconds: seconds)
     }
 
     private var closed = false

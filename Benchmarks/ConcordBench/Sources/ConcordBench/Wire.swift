@@ -1,3 +1,4 @@
+import ConcordSocket
 import Foundation
 
 #if canImport(Glibc)
@@ -27,23 +28,8 @@ final class Conn: @unchecked Sendable {
     private var end = 0
 
     init(_ path: String) throws {
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
-            let b = Array(path.utf8)
-            raw.copyBytes(from: b)
-            raw[b.count] = 0
-        }
-        let rc = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        if rc != 0 {
-            close(fd)
-            throw BenchError("cannot connect to \(path)")
-        }
-        var size: Int32 = 4 << 20
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        do { fd = try UnixSocket.connect(path) } catch { throw BenchError(error.description) }
+        UnixSocket.setOption(fd, SO_RCVBUF, 4 << 20)
     }
 
     deinit { close(fd) }
