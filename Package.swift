@@ -32,6 +32,8 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
     ],
     targets: [
         // System libraries (Debian packages; `make` installs them).
@@ -72,6 +74,8 @@ let package = Package(
             dependencies: [
                 "CLibUV", "CJemalloc", "CConcordRuntime", "CConcordBackendABI", "ConcordJSON", "ConcordProtocol", "ConcordCore", "ConcordSocket",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -330,13 +330,30 @@ struct Subscribe: AsyncParsableCommand {
 }
 
 struct Stats: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Print server figures as a table (--json for the raw object).")
+    static let configuration = CommandConfiguration(
+        abstract: "Print server figures as a table (--json for the raw object, --prometheus for metrics, --watch to follow).")
     @OptionGroup var connection: ConnectionOptions
     @Flag(help: "Print the raw JSON object.") var json = false
+    @Flag(help: "Print the metrics in Prometheus's text format (what --metrics serves over HTTP).") var prometheus = false
+    @Flag(help: "Print one compact line of figures and rates every --interval seconds until interrupted.") var watch = false
+    @Option(help: "Seconds between lines with --watch.") var interval: Double = 1
+    @Option(help: "With --watch: stop after this many lines.") var count: Int?
+
+    func validate() throws {
+        if [json, prometheus, watch].filter({ $0 }).count > 1 { throw ValidationError("--json, --prometheus and --watch exclude each other") }
+        if !(interval > 0) { throw ValidationError("--interval must be positive") }
+        if let count, count < 1 { throw ValidationError("--count must be at least 1") }
+    }
 
     func run() async throws {
         try await ConcordCLI.run {
-            let s = try await connection.connect().stats()
+            let client = try await connection.connect()
+            if prometheus {
+                FileHandle.standardOutput.write(Data(try await client.prometheusMetrics().utf8))
+                return
+            }
+            if watch { return try await Self.watch(client, interval: interval, count: count) }
+            let s = try await client.stats()
             if json {
                 out(JSON.object(s).compactString)
                 return
@@ -352,6 +369,46 @@ struct Stats: AsyncParsableCommand {
             walk("", .object(s))
             let width = rows.map { $0.0.count }.max() ?? 0
             for (k, v) in rows { out(k.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + v) }
+        }
+    }
+
+    /// vmstat-style: a header, then one line per interval with the gauges
+    /// and the rates since the previous line.
+    static func watch(_ client: ConcordClient, interval: Double, count: Int?) async throws {
+        let columns = ["time", "conns", "subs", "entities", "docs", "mut/s", "req/s", "events/s", "coalescing", "alloc_MB", "backlog"]
+        let widths = [8, 6, 9, 9, 8, 8, 8, 9, 10, 9, 8]
+        func line(_ cells: [String]) -> String {
+            cells.indices.map { i in
+                let c = cells[i]
+                return c.count >= widths[i] ? c : String(repeating: " ", count: widths[i] - c.count) + c
+            }.joined(separator: " ")
+        }
+        out(line(columns))
+        func int(_ o: JSONObject, _ path: String...) -> Int {
+            var v: JSON? = .object(o)
+            for p in path { v = v?[p] }
+            return v?.numberValue?.intValue ?? 0
+        }
+        let clockFormat = DateFormatter()
+        clockFormat.dateFormat = "HH:mm:ss"
+        var previous: (seq: Int, requests: Int, events: Int, at: Date)?
+        var printed = 0
+        while true {
+            let s = try await client.stats()
+            let now = Date()
+            let seq = int(s, "seq"), requests = int(s, "requests"), events = int(s, "events")
+            var rates = ["-", "-", "-"]
+            if let p = previous {
+                let dt = max(now.timeIntervalSince(p.at), 0.001)
+                rates = [seq - p.seq, requests - p.requests, events - p.events].map { String(Int((Double($0) / dt).rounded())) }
+            }
+            previous = (seq, requests, events, now)
+            out(line([clockFormat.string(from: now), String(int(s, "connections")), String(int(s, "subscriptions")),
+                      String(int(s, "entities")), String(int(s, "documents"))] + rates
+                     + [String(int(s, "coalescing")), String(int(s, "memory", "allocated") >> 20), String(int(s, "cache", "backlog"))]))
+            printed += 1
+            if let count, printed >= count { return }
+            try await Task.sleep(nanoseconds: UInt64(interval * 1e9))
         }
     }
 }

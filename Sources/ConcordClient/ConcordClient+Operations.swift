@@ -77,11 +77,22 @@ extension ConcordClient {
     /// The `stats` object; with `clients`, also `"clients"`: one object per
     /// connection (id, name, pid/uid/gid, age_ms, subscriptions, requests,
     /// unsent_bytes, unprocessed_bytes, coalescing, waiting).
-    public func stats(clients: Bool = false) async throws -> JSONObject {
-        var r = try await op("stats", clients ? [("clients", .bool(true))] : [])
+    /// With `prometheus`, also `"prometheus"`: the server's metrics as
+    /// Prometheus exposition text (see ``prometheusMetrics()``).
+    public func stats(clients: Bool = false, prometheus: Bool = false) async throws -> JSONObject {
+        var members: [(String, JSON?)] = []
+        if clients { members.append(("clients", .bool(true))) }
+        if prometheus { members.append(("prometheus", .bool(true))) }
+        var r = try await op("stats", members)
         r["rid"] = nil
         r["ok"] = nil
         return r
+    }
+
+    /// The server's metrics in Prometheus's text format (what `--metrics`
+    /// serves over HTTP), read over the socket.
+    public func prometheusMetrics() async throws -> String {
+        try await stats(prometheus: true)["prometheus"]?.stringValue ?? ""
     }
 
     /// Replaces the required members of the types given (`[]` drops a type); returns the whole schema.

@@ -60,6 +60,9 @@ extension Engine {
             }
         }
         if subs != subscriptionCount { note("subscription count \(subscriptionCount) but clients hold \(subs)") }
+        var byKind = [Int](repeating: 0, count: Self.subscriptionKindNames.count)
+        for c in clients.values { for s in c.subs.values { byKind[s.kind.metricIndex] += 1 } }
+        if byKind != subscriptionsByKind { note("subscriptions by kind \(subscriptionsByKind) but clients hold \(byKind)") }
         // Every index entry points at a live view that holds that identity.
         for (id, views) in modelWatchers {
             for (_, v) in views {

@@ -133,6 +133,7 @@ extension Engine {
         idWatchers = [:]
         feeds = [:]
         subscriptionCount = 0
+        for i in subscriptionsByKind.indices { subscriptionsByKind[i] = 0 }
         store.clear()
         recordClear()
         if holdUntilDurable(c, rid: rid) { return }
@@ -339,6 +340,7 @@ extension Engine {
             s.client.subs[s.name] = nil
             s.slot = -1
             subscriptionCount -= 1
+            subscriptionsByKind[s.kind.metricIndex] -= 1
         }
         view.removeAll()
     }

@@ -249,6 +249,7 @@ extension Engine {
                 }
             } else {
                 c.output.append(held.bytes)
+                responsesQueued += 1
                 markDirty(c)
             }
             c.heldResponse = nil

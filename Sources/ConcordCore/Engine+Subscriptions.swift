@@ -77,12 +77,14 @@ extension Engine {
     private func add(_ s: Subscription, to c: Client) {
         c.subs[s.name] = s
         subscriptionCount += 1
+        subscriptionsByKind[s.kind.metricIndex] += 1
         if c.coalescing != 0 { holdBack(s) }
     }
 
     /// Removes a subscription from every index (the caller removes it from its client).
     func unregister(_ s: Subscription) {
         subscriptionCount -= 1
+        subscriptionsByKind[s.kind.metricIndex] -= 1
         switch s.kind {
         case .model(let view):
             let oid = ObjectIdentifier(view)

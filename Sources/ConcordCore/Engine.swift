@@ -34,6 +34,33 @@ public struct EngineConfiguration: Sendable {
 public protocol EngineStatsSource: AnyObject {
     func memoryStats() -> JSON
     func cacheStats() -> JSON
+    /// The metrics in Prometheus's text format (`stats` with `"prometheus":true`).
+    func prometheusText(_ figures: EngineFigures) -> String
+}
+
+/// The core's counters and gauges at one moment (its own thread), for metrics.
+public struct EngineFigures: Sendable {
+    /// Requests answered, by op (``Operation/metricNames``); lines that are
+    /// not a valid request count only under `errors`.
+    public var requests: [(op: String, count: Int)]
+    /// Error answers by code (``ErrorCode/all``).
+    public var errors: [(code: String, count: Int)]
+    /// Responses queued (one per request line).
+    public var responses: Int
+    /// Events queued: every line the core wrote that is not a response.
+    public var events: Int
+    public var coalescedEvents: Int
+    public var coalescingEpisodes: Int
+    public var connections: Int
+    public var connectionsCoalescing: Int
+    /// Output handed to the driver that the sockets have not taken yet.
+    public var unsentBytes: Int
+    /// Live subscriptions by kind (``Engine/subscriptionKindNames``).
+    public var subscriptions: [(kind: String, count: Int)]
+    public var entities: Int
+    public var documents: Int
+    public var collections: Int
+    public var seq: Int
 }
 
 /// The consistency core: a deterministic state machine.
@@ -69,6 +96,15 @@ public final class Engine {
     var nextCoalescingEpisode = 0
     var coalescingEpisodes = 0
     var coalescedEvents = 0
+    /// Figures for the driver's metrics (``figures``): requests by
+    /// ``Operation/metricIndex``, error answers by code, responses and lines
+    /// handed to the driver (every line is a response or an event), live
+    /// subscriptions by kind (``SubscriptionKindName``).
+    var requestsByOp = [Int](repeating: 0, count: Operation.metricNames.count)
+    var errorsByCode: [ErrorCode: Int] = [:]
+    var responsesQueued = 0
+    var linesTaken = 0
+    var subscriptionsByKind = [Int](repeating: 0, count: Engine.subscriptionKindNames.count)
 
     /// Write-behind and read-through state; nil without a cache backend.
     var persistence: PersistenceState?
@@ -125,6 +161,7 @@ public final class Engine {
         for c in dirtyClients {
             c.dirty = false
             let bytes = c.output.byteCount
+            linesTaken += c.output.lineCount
             let segs = c.output.take()
             guard !segs.isEmpty else { continue }
             out.append((c.id, segs))
@@ -214,6 +251,7 @@ public final class Engine {
             }
         }
         noteUse(request.op)
+        requestsByOp[request.op.metricIndex] += 1
         do {
             try dispatch(request, c)
         } catch {
@@ -238,8 +276,8 @@ public final class Engine {
             }
         case .ping:
             respond(c, rid: r.rid) { w in w.key("seq"); w.int(seq) }
-        case .stats(let listClients):
-            respondStats(c, rid: r.rid, clients: listClients)
+        case .stats(let listClients, let prometheus):
+            respondStats(c, rid: r.rid, clients: listClients, prometheus: prometheus)
         case .get(let target):
             switch target {
             case .key(let k):
@@ -304,11 +342,14 @@ public final class Engine {
             body(&w)
             w.raw("}\n")
         }
+        responsesQueued += 1
         markDirty(c)
     }
 
     func respondError(_ c: Client, rid: JSON, _ e: ProtocolError) {
         if !c.coalesced.isEmpty { flushCoalesced(c) }
+        responsesQueued += 1
+        errorsByCode[e.code, default: 0] += 1
         var w = JSONWriter(capacity: 96)
         w.raw("{\"rid\":")
         w.value(rid)
@@ -321,7 +362,7 @@ public final class Engine {
         markDirty(c)
     }
 
-    func respondStats(_ c: Client, rid: JSON, clients listClients: Bool = false) {
+    func respondStats(_ c: Client, rid: JSON, clients listClients: Bool = false, prometheus: Bool = false) {
         let memory = statsSource?.memoryStats() ?? .object(JSONObject())
         let cache = statsSource?.cacheStats() ?? ["backend": "memory", "entities": .int(store.entities.count)]
         // Written first: it reads every connection's queue, the asker's included.
@@ -331,6 +372,9 @@ public final class Engine {
             writeClients(&lw)
             list = lw.bytes
         }
+        // Read before writing into the asker's own queue (the figures read every queue).
+        let figures = self.figures
+        let prometheusText = prometheus ? statsSource?.prometheusText(figures) ?? "" : ""
         respond(c, rid: rid) { w in
             w.key("connections"); w.int(clients.count)
             w.key("subscriptions"); w.int(subscriptionCount)
@@ -338,13 +382,49 @@ public final class Engine {
             w.key("documents"); w.int(store.documents.count)
             w.key("collections"); w.int(store.collections.count)
             w.key("seq"); w.int(seq)
+            w.key("requests"); w.int(requestsByOp.reduce(0, +))
+            w.key("events"); w.int(figures.events)
             w.key("coalescing"); w.int(clients.values.reduce(0) { $0 + ($1.coalescing != 0 ? 1 : 0) })
             w.key("coalescing_episodes"); w.int(coalescingEpisodes)
             w.key("coalesced_events"); w.int(coalescedEvents)
             w.key("memory"); w.value(memory)
             w.key("cache"); w.value(cache)
             if listClients { w.raw(list) }
+            if prometheus { w.key("prometheus"); w.string(prometheusText) }
         }
+    }
+
+    /// Names of the subscription kinds, in `subscriptionsByKind` order.
+    public static let subscriptionKindNames = ["model", "key", "collection", "ids", "feed"]
+
+    /// Counters and gauges for the driver's metrics, read on the core's thread.
+    public var figures: EngineFigures {
+        var connectionsCoalescing = 0
+        var unsent = 0
+        for c in clients.values {
+            if c.coalescing != 0 { connectionsCoalescing += 1 }
+            unsent += c.flow.unsent.load(ordering: .relaxed)
+        }
+        // Lines queued and not yet handed over count too: the figures read
+        // the same whether asked before or after `takeOutput`.
+        var pendingLines = 0
+        for c in dirtyClients { pendingLines += c.output.lineCount }
+        let lines = linesTaken + pendingLines
+        return EngineFigures(
+            requests: zip(Operation.metricNames, requestsByOp).map { ($0, $1) },
+            errors: ErrorCode.all.map { ($0.rawValue, errorsByCode[$0] ?? 0) },
+            responses: responsesQueued,
+            events: max(0, lines - responsesQueued),
+            coalescedEvents: coalescedEvents,
+            coalescingEpisodes: coalescingEpisodes,
+            connections: clients.count,
+            connectionsCoalescing: connectionsCoalescing,
+            unsentBytes: unsent,
+            subscriptions: zip(Self.subscriptionKindNames, subscriptionsByKind).map { ($0, $1) },
+            entities: store.entities.count,
+            documents: store.documents.count,
+            collections: store.collections.count,
+            seq: seq)
     }
 
     /// `"clients":[…]`, one object per connection in connection order: who it

@@ -45,6 +45,8 @@ public struct OutputQueue {
     private var parts: [(shared: OutputBytes?, start: Int, end: Int)] = []
     private var runStart = 0
     public private(set) var byteCount = 0
+    /// Complete lines (responses and events) queued since the last `take()`.
+    public private(set) var lineCount = 0
 
     public init() {}
 
@@ -53,6 +55,7 @@ public struct OutputQueue {
     mutating func append(_ bytes: [UInt8]) {
         own.append(contentsOf: bytes)
         byteCount += bytes.count
+        if bytes.last == 0x0A { lineCount += 1 }
     }
 
     /// Writes straight into the connection's own bytes (no temporary buffer).
@@ -63,6 +66,7 @@ public struct OutputQueue {
         body(&w)
         byteCount += w.bytes.count - before
         own = w.bytes
+        if own.count > before, own.last == 0x0A { lineCount += 1 }
     }
 
     /// Shared payloads up to this size are copied into the connection's own
@@ -74,6 +78,7 @@ public struct OutputQueue {
 
     mutating func append(shared: OutputBytes) {
         byteCount += shared.count
+        if shared.count > 0, shared.base.load(fromByteOffset: shared.count - 1, as: UInt8.self) == 0x0A { lineCount += 1 }
         if shared.count <= Self.copyLimit {
             own.append(contentsOf: UnsafeBufferPointer(start: shared.base.assumingMemoryBound(to: UInt8.self), count: shared.count))
             return
@@ -106,6 +111,7 @@ public struct OutputQueue {
         parts.removeAll(keepingCapacity: true)
         runStart = 0
         byteCount = 0
+        lineCount = 0
         return out
     }
 }

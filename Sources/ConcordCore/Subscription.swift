@@ -78,6 +78,17 @@ final class Subscription {
         case ids([String])
         case feed(types: Set<String>?)
         case collection(CollectionView)
+
+        /// Position in ``Engine/subscriptionKindNames``.
+        var metricIndex: Int {
+            switch self {
+            case .model: 0
+            case .key: 1
+            case .collection: 2
+            case .ids: 3
+            case .feed: 4
+            }
+        }
     }
 
     // Field order keeps the object at 64 bytes (a jemalloc size class): a

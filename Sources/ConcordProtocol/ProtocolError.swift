@@ -18,6 +18,17 @@ public struct ErrorCode: Hashable, Sendable, CustomStringConvertible {
     public static let cacheError = ErrorCode("cache_error")
     public static let shuttingDown = ErrorCode("shutting_down")
     public static let `internal` = ErrorCode("internal")
+
+    /// Not in PROTOCOL.md §7: sent (without a `rid`, before the connection is
+    /// closed) to a peer whose uid and gid are outside `--allow-uid` /
+    /// `--allow-gid` (docs/PROTOCOL.md, "Connections").
+    public static let forbidden = ErrorCode("forbidden")
+
+    /// Every code the server sends, §7 order, then `forbidden`.
+    public static let all: [ErrorCode] = [
+        .parseError, .badRequest, .unknownOp, .tooLarge, .tooDeep, .subExists, .noSuchSub, .badIndex,
+        .notEntity, .limitExceeded, .cacheError, .shuttingDown, .internal, .forbidden,
+    ]
 }
 
 /// An error answered to a request: a code and a message saying what and where.

@@ -22,9 +22,46 @@ public enum Operation: Sendable {
     case pause(name: String)
     case resume(name: String)
     case schema(required: [(type: String, members: [String])]?)
-    /// `clients`: also list every connection (the operator's view).
-    case stats(clients: Bool)
+    /// `clients`: also list every connection (the operator's view);
+    /// `prometheus`: also the metrics as Prometheus exposition text.
+    case stats(clients: Bool, prometheus: Bool)
     case mutation(Mutation, MutationOptions)
+}
+
+extension Operation {
+    /// The wire names of the operations, in ``metricIndex`` order (the
+    /// `op` label of the server's request counter).
+    public static let metricNames = [
+        "hello", "ping", "get", "subscribe", "unsubscribe", "pause", "resume", "schema", "stats",
+        "update", "delete", "batch", "collection.set", "collection.insert", "collection.remove",
+        "collection.delete", "clear",
+    ]
+
+    /// This operation's position in ``metricNames``.
+    public var metricIndex: Int {
+        switch self {
+        case .hello: 0
+        case .ping: 1
+        case .get: 2
+        case .subscribe: 3
+        case .unsubscribe: 4
+        case .pause: 5
+        case .resume: 6
+        case .schema: 7
+        case .stats: 8
+        case .mutation(let m, _):
+            switch m {
+            case .update: 9
+            case .deleteEntity, .deleteKey: 10
+            case .batch: 11
+            case .collectionSet: 12
+            case .collectionInsert: 13
+            case .collectionRemoveAt, .collectionRemoveIDs: 14
+            case .collectionDelete: 15
+            case .clear: 16
+            }
+        }
+    }
 }
 
 public enum GetTarget: Sendable {
@@ -103,7 +140,8 @@ extension Request {
         case "ping":
             return .ping
         case "stats":
-            return .stats(clients: try r.optionalBool("clients") ?? false)
+            return .stats(clients: try r.optionalBool("clients") ?? false,
+                          prometheus: try r.optionalBool("prometheus") ?? false)
         case "get":
             return .get(try decodeGet(r))
         case "subscribe":

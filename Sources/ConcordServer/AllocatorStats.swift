@@ -38,6 +38,11 @@ enum AllocatorStats {
 }
 
 final class ServerStatsSource: EngineStatsSource {
+    let metrics: ServerMetrics
+    init(metrics: ServerMetrics) { self.metrics = metrics }
+    func prometheusText(_ figures: EngineFigures) -> String {
+        String(decoding: metrics.exposition(figures, cache: cacheStats()), as: UTF8.self)
+    }
     /// Set when a cache backend is attached.
     var storage: StorageThread?
     func memoryStats() -> JSON { AllocatorStats.json() }

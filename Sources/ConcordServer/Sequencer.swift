@@ -24,7 +24,10 @@ final class Sequencer: @unchecked Sendable {
     enum Input {
         case open(ConnectionID, ConnectionFlow, PeerCredentials?)
         case close(ConnectionID)
-        case frames(ConnectionID, [LineFramer.Frame], bytes: Int)
+        /// `readAt`: when the loop read them (``monotonicSeconds()``), for the latency histogram.
+        case frames(ConnectionID, [LineFramer.Frame], bytes: Int, readAt: Double)
+        /// A metrics scrape (`--metrics`): answered in ``Delivery/metrics`` with the same token.
+        case metrics(token: Int)
         /// The loop wrote a coalescing connection's output down (§6.6).
         case drained(ConnectionID, episode: Int)
         case storage(StorageThread.Event)
@@ -38,6 +41,12 @@ final class Sequencer: @unchecked Sendable {
         var drained: Bool
         /// Lines were taken from the lanes: stalled connections may read again.
         var inputTaken: Bool
+        /// When the mutations this delivery answers were read (at most
+        /// ``ServerMetrics/latencySamplesPerTurn``): the loop records the time
+        /// until it queued the writes as update → event latency.
+        var mutationsReadAt: [Double] = []
+        /// Prometheus text for scrapes, by token.
+        var metrics: [(token: Int, text: [UInt8])] = []
     }
 
     /// Bytes of lines read by the loop and not yet handed to the engine, all connections.
@@ -50,6 +59,9 @@ final class Sequencer: @unchecked Sendable {
     private let logger: Logger
     private let deliver: @Sendable (Delivery) -> Void
     private let statsSource: ServerStatsSource
+    let metrics: ServerMetrics
+    /// Read times of the mutations applied since the last delivery (sampled).
+    private var mutationsReadAt: [Double] = []
     private let linesPerTurn: Int
     private let turnBudget: Double
     private let shutdownTimeout: Double
@@ -60,6 +72,8 @@ final class Sequencer: @unchecked Sendable {
         let id: ConnectionID
         let flow: ConnectionFlow
         var frames: [LineFramer.Frame] = []
+        /// When each frame was read, parallel to `frames`.
+        var readAt: [Double] = []
         var head = 0
         /// The connection closed: close it in the engine once its lines are answered.
         var closeAfter = false
@@ -88,7 +102,8 @@ final class Sequencer: @unchecked Sendable {
     init(configuration: ServerConfiguration, logger: Logger, deliver: @escaping @Sendable (Delivery) -> Void) {
         pool = WorkerPool(threads: configuration.threads, inlineBelow: configuration.parallelThreshold)
         engine = Engine(configuration: configuration.engine, executor: pool)
-        statsSource = ServerStatsSource()
+        metrics = ServerMetrics()
+        statsSource = ServerStatsSource(metrics: metrics)
         engine.statsSource = statsSource
         engine.clock = { monotonicSeconds() }
         linesPerTurn = max(1, configuration.linesPerTurn)
@@ -181,7 +196,9 @@ final class Sequencer: @unchecked Sendable {
             if let storage { storage.submit(engine.takeStorageItems()) }
             let outputs = engine.takeOutput()
             if !outputs.isEmpty || drained || taken {
-                send(Delivery(outputs: outputs, drained: drained, inputTaken: taken))
+                var d = Delivery(outputs: outputs, drained: drained, inputTaken: taken)
+                swap(&d.mutationsReadAt, &mutationsReadAt)
+                send(d)
             } else {
                 releaseHeld()
             }
@@ -237,10 +254,15 @@ final class Sequencer: @unchecked Sendable {
                 lanes[id] = nil
                 engine.close(id)
             }
-        case .frames(let id, let frames, _):
+        case .frames(let id, let frames, _, let readAt):
             guard let lane = lanes[id] else { return }
             if !lane.queued { ready.append(lane) }
             lane.frames.append(contentsOf: frames)
+            lane.readAt.append(contentsOf: repeatElement(readAt, count: frames.count))
+        case .metrics(let token):
+            // Straight to the loop: a scrape never waits behind held (sync) output.
+            let text = metrics.exposition(engine.figures, cache: statsSource.cacheStats())
+            deliver(Delivery(outputs: [], drained: false, inputTaken: false, metrics: [(token, text)]))
         case .drained(let id, let episode):
             engine.outputDrained(id, episode: episode)
         case .storage(let event):
@@ -301,11 +323,15 @@ final class Sequencer: @unchecked Sendable {
         }
         var next = 0
         for (lane, slice) in picked {
-            for f in slice {
-                switch f {
+            for i in slice.indices {
+                switch slice[i] {
                 case .line:
+                    let before = engine.seq
                     engine.handle(parsed[next]!, from: lane.id)
                     next += 1
+                    if engine.seq != before && mutationsReadAt.count < ServerMetrics.latencySamplesPerTurn {
+                        mutationsReadAt.append(lane.readAt[i])
+                    }
                 case .tooLarge:
                     engine.handleTooLarge(from: lane.id)
                 }
@@ -319,11 +345,13 @@ final class Sequencer: @unchecked Sendable {
             if lane.queued {
                 if lane.head > 4096 && lane.head * 2 > lane.frames.count {
                     lane.frames.removeFirst(lane.head)
+                    lane.readAt.removeFirst(lane.head)
                     lane.head = 0
                 }
                 stillReady.append(lane)
             } else {
                 lane.frames.removeAll(keepingCapacity: lane.frames.capacity <= 1024)
+                lane.readAt.removeAll(keepingCapacity: lane.readAt.capacity <= 1024)
                 lane.head = 0
                 if lane.closeAfter {
                     lanes[lane.id] = nil

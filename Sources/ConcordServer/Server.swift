@@ -1,8 +1,10 @@
 import CConcordRuntime
 import CLibUV
 import ConcordCore
+import ConcordJSON
 import ConcordProtocol
 import ConcordSocket
+import CoreMetrics
 import Logging
 import Synchronization
 
@@ -134,6 +136,8 @@ public final class Server {
     private var atDescriptorLimit = false
     private let bridge: Bridge
     private var sequencer: Sequencer!
+    private var metricsEndpoint: MetricsEndpoint?
+    private var metrics: ServerMetrics { sequencer.metrics }
     private var connections: [ConnectionID: Connection] = [:]
     private var nextID = 1
     fileprivate let readBuffer = UnsafeMutableRawPointer.allocate(byteCount: 1 << 16, alignment: 16)
@@ -183,6 +187,29 @@ public final class Server {
             }
         }
         try listen()
+        if let address = configuration.metricsAddress {
+            let sequencer = self.sequencer!
+            let m = MetricsEndpoint(loop: loop, logger: logger) { token in sequencer.submit(.metrics(token: token)) }
+            do {
+                try m.listen(address)
+            } catch {
+                m.close()
+                uv_close(asHandle(listener!)) { h in h?.deallocate() }
+                listener = nil
+                uv_run(loop, UV_RUN_NOWAIT)
+                unlink(configuration.socketPath)
+                throw error
+            }
+            metricsEndpoint = m
+        }
+        if !configuration.allowUIDs.isEmpty || !configuration.allowGIDs.isEmpty, configuration.socketMode & 0o007 == 0 {
+            let groupOnly = configuration.socketMode & 0o070 != 0
+            if !configuration.allowUIDs.isEmpty || !groupOnly {
+                logger.warning("--allow-uid/--allow-gid name other users, but the socket's mode lets only \(groupOnly ? "its group" : "its owner") open it; use --socket-mode 0666 (or 0660 for a group) and a directory they can enter", metadata: [
+                    "concord.socket_mode": "\(String(configuration.socketMode, radix: 8))",
+                ])
+            }
+        }
 
         uv_async_init(loop, wakeHandle) { h in Server.from(h).deliveriesArrived() }
         uv_handle_set_data(asHandle(wakeHandle), Unmanaged.passUnretained(self).toOpaque())
@@ -210,6 +237,7 @@ public final class Server {
             "concord.cache": "\(configuration.cache)",
             "concord.durability": "\(configuration.durability.rawValue)",
             "concord.memory_limit": "\(configuration.memoryLimit)",
+            "concord.metrics": "\(configuration.metricsAddress ?? "off")",
         ])
         uv_run(loop, UV_RUN_DEFAULT)
         // A second signal must not cut the final store short (SIGKILL still does).
@@ -330,19 +358,58 @@ public final class Server {
         }
         let conn = Connection(id: nextID, pipe: p, maxLineBytes: configuration.engine.maxLineBytes)
         nextID += 1
+        let peer = Self.peerCredentials(conn)
+        if !isAllowed(peer) {
+            refuse(conn, peer: peer)
+            return
+        }
+        metrics.connectionsAccepted.increment()
         connections[conn.id] = conn
         // libuv refuses connections past the descriptor limit on its own (it
         // accepts and closes them, with no callback): say so when we get there.
-        if !atDescriptorLimit && fdBaseline + connections.count + 2 >= fdLimit {
+        if !atDescriptorLimit && fdBaseline + connections.count + (metricsEndpoint?.activeExchanges ?? 0) + 2 >= fdLimit {
             atDescriptorLimit = true
             logger.error("cannot accept connections: out of file descriptors; new connections are closed at once until some close", metadata: [
                 "concord.fd_limit": "\(fdLimit)", "concord.connections": "\(connections.count)",
             ])
         }
         uv_handle_set_data(conn.handle, Unmanaged.passRetained(conn).toOpaque())
-        sequencer.submit(.open(conn.id, conn.flow, Self.peerCredentials(conn)))
+        sequencer.submit(.open(conn.id, conn.flow, peer))
         logger.info("connection opened", metadata: ["concord.conn.id": "\(conn.id)"])
         updateReading(conn)
+    }
+
+    /// `--allow-uid` / `--allow-gid`: no lists, or the peer is this server's
+    /// user, or its uid or gid is listed. Unknown credentials are refused.
+    private func isAllowed(_ peer: PeerCredentials?) -> Bool {
+        if configuration.allowUIDs.isEmpty && configuration.allowGIDs.isEmpty { return true }
+        guard let peer else { return false }
+        return peer.uid == getuid() || configuration.allowUIDs.contains(peer.uid) || configuration.allowGIDs.contains(peer.gid)
+    }
+
+    /// One `forbidden` line (the socket buffer of a new connection takes it
+    /// whole), then close. Nothing reaches the core.
+    private func refuse(_ conn: Connection, peer: PeerCredentials?) {
+        metrics.connectionsRefused.increment()
+        let who = peer.map { "uid \($0.uid) gid \($0.gid) (pid \($0.pid))" } ?? "a peer with unknown credentials"
+        logger.warning("connection refused: peer not allowed", metadata: [
+            "concord.peer.uid": "\(peer.map { String($0.uid) } ?? "?")", "concord.peer.gid": "\(peer.map { String($0.gid) } ?? "?")",
+            "concord.peer.pid": "\(peer.map { String($0.pid) } ?? "?")",
+        ])
+        let line = #"{"ok":false,"error":{"code":"forbidden","message":"#
+        var w = JSONWriter(capacity: 160)
+        w.string("\(who) may not use this server: it allows only the uids and gids given with --allow-uid/--allow-gid")
+        var bytes = Array(line.utf8) + w.bytes + Array("}}\n".utf8)
+        bytes.withUnsafeMutableBytes { raw in
+            var buf = uv_buf_t(base: raw.baseAddress!.assumingMemoryBound(to: CChar.self), len: raw.count)
+            _ = uv_try_write(conn.stream, &buf, 1)
+        }
+        uv_handle_set_data(conn.handle, Unmanaged.passRetained(conn).toOpaque())
+        connections[conn.id] = nil
+        uv_close(conn.handle) { h in
+            let conn = Unmanaged<Connection>.fromOpaque(uv_handle_get_data(h!)!).takeRetainedValue()
+            conn.pipe.deallocate()
+        }
     }
 
     /// After a close: the end of a descriptor-limit episode.
@@ -439,7 +506,7 @@ public final class Server {
         if !frames.isEmpty {
             conn.flow.unprocessed.add(bytes, ordering: .relaxed)
             sequencer.inboxBytes.add(bytes, ordering: .relaxed)
-            sequencer.submit(.frames(conn.id, frames, bytes: bytes))
+            sequencer.submit(.frames(conn.id, frames, bytes: bytes, readAt: monotonicSeconds()))
         }
         let unfinished = conn.framer.bufferedBytes
         if unfinished != conn.unfinished {
@@ -495,6 +562,11 @@ public final class Server {
                 if conn.inFlight == nil { writeQueued(conn) }
                 checkOutput(conn)
             }
+            if !d.mutationsReadAt.isEmpty {
+                let now = monotonicSeconds()
+                for t in d.mutationsReadAt { metrics.latency.recordNanoseconds(Int64(max(0, now - t) * 1e9)) }
+            }
+            for (token, text) in d.metrics { metricsEndpoint?.respond(token: token, text: text) }
             if d.inputTaken { tookInput = true }
             if d.drained { startClosing() }
         }
@@ -517,6 +589,7 @@ public final class Server {
             conn.flow.unsent.subtract(ctx.byteCount, ordering: .relaxed)
             guard !conn.closing else { return }
             let server = Server.serverOf(connectionHandle: conn.handle)
+            if status >= 0 { server.metrics.bytesOut.increment(by: ctx.byteCount) }
             if status < 0 {
                 server.closeConnection(conn, reason: "write failed: \(uvErrorName(Int(status)))")
                 return
@@ -605,6 +678,7 @@ public final class Server {
             uv_close(asHandle(l)) { h in h?.deallocate() }
             listener = nil
         }
+        metricsEndpoint?.close()
         // Nothing more is read: what was read is answered (the core drains it).
         for conn in connections.values where conn.reading {
             conn.reading = false

@@ -59,6 +59,16 @@ public struct ServerConfiguration: Sendable {
     /// Allocated bytes (jemalloc) above which records no view references are
     /// evicted from memory (they stay in the backend). 0: unbounded.
     public var memoryLimit = 0
+    /// `HOST:PORT` to serve Prometheus metrics on over HTTP (`GET /metrics`);
+    /// nil: not served (they stay readable with `stats` `"prometheus":true`).
+    public var metricsAddress: String?
+    /// Peers allowed to connect, by uid and by gid (SO_PEERCRED on accept):
+    /// a peer whose uid is in `allowUIDs` or whose gid is in `allowGIDs` is
+    /// served; others get one `forbidden` error line and are closed. The
+    /// server's own uid is always allowed. Both empty: no check (the socket's
+    /// mode and directory decide, as for any Unix socket).
+    public var allowUIDs: [UInt32] = []
+    public var allowGIDs: [UInt32] = []
     /// Core settings (id key, limits).
     public var engine = EngineConfiguration()
 

@@ -94,6 +94,15 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(help: "Bytes of memory (jemalloc allocated) above which records no view references are evicted from memory and reloaded from the backend on demand; 0: unbounded.")
     var memoryLimit: Int = 0
 
+    @Option(help: "Serve Prometheus metrics over HTTP at HOST:PORT/metrics, e.g. 127.0.0.1:9464 (off by default; keep it on loopback).")
+    var metrics: String?
+
+    @Option(name: .customLong("allow-uid"), help: "A user (uid or name) allowed to connect; repeat for more. With --allow-uid/--allow-gid, every other peer (SO_PEERCRED) gets one forbidden error line and is closed. This server's own user is always allowed. Pair with --socket-mode 0666 (or 0660) so the others can open the socket.")
+    var allowUID: [String] = []
+
+    @Option(name: .customLong("allow-gid"), help: "A group (gid or name) whose members' connections are allowed (the peer's primary gid); repeat for more.")
+    var allowGID: [String] = []
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel: String = "info"
 
@@ -120,7 +129,26 @@ struct ConcordServerCommand: ParsableCommand {
         if memoryLimit > 0 && cache == "none" { throw ValidationError("--memory-limit needs a cache backend to evict to (not --cache none)") }
         if let t = cacheTtl, t < 0 { throw ValidationError("--cache-ttl must not be negative") }
         if let m = cacheMaxBytes, m < 0 { throw ValidationError("--cache-max-bytes must not be negative") }
+        if let m = metrics, MetricsAddress.parse(m) == nil {
+            throw ValidationError("--metrics must be HOST:PORT with a numeric address, e.g. 127.0.0.1:9464 or [::1]:9464")
+        }
+        for u in allowUID where Self.uid(u) == nil { throw ValidationError("--allow-uid: no such user '\(u)'") }
+        for g in allowGID where Self.gid(g) == nil { throw ValidationError("--allow-gid: no such group '\(g)'") }
         if Logger.Level(rawValue: logLevel) == nil { throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical") }
+    }
+
+    /// A uid given as a number or a user name.
+    static func uid(_ text: String) -> UInt32? {
+        if let n = UInt32(text) { return n }
+        guard let pw = getpwnam(text) else { return nil }
+        return pw.pointee.pw_uid
+    }
+
+    /// A gid given as a number or a group name.
+    static func gid(_ text: String) -> UInt32? {
+        if let n = UInt32(text) { return n }
+        guard let gr = getgrnam(text) else { return nil }
+        return gr.pointee.gr_gid
     }
 
     /// `--cache-config` with the convenience options written into it.
@@ -167,6 +195,9 @@ struct ConcordServerCommand: ParsableCommand {
         config.cacheConfig = try mergedCacheConfig()
         config.durability = Durability(rawValue: durability) ?? .async
         config.memoryLimit = memoryLimit
+        config.metricsAddress = metrics
+        config.allowUIDs = allowUID.compactMap(Self.uid)
+        config.allowGIDs = allowGID.compactMap(Self.gid)
 
         let server = Server(configuration: config, logger: logger)
         do {

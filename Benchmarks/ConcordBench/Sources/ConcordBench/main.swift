@@ -313,11 +313,14 @@ try json.write(toFile: options.out + "/latest.json", atomically: true, encoding:
 try chartSVG(dense: denseSeries, latency: latencySeries).write(toFile: options.out + "/chart.svg", atomically: true, encoding: .utf8)
 
 let w0 = rows.map { $0.0.count }.max() ?? 0
-print("scenario".padding(toLength: w0, withPad: " ", startingAt: 0) + "  | concord          | redis            | ratio")
-print(String(repeating: "-", count: w0 + 50))
+// Cells are never cut: each column is as wide as its widest value.
+let w1 = max(16, rows.map { $0.1.count }.max() ?? 0)
+let w2 = max(16, rows.map { $0.2.count }.max() ?? 0)
+func pad(_ s: String, _ n: Int) -> String { s.count >= n ? s : s + String(repeating: " ", count: n - s.count) }
+print(pad("scenario", w0) + "  | " + pad("concord", w1) + " | " + pad("redis", w2) + " | ratio")
+print(String(repeating: "-", count: w0 + w1 + w2 + 16))
 for (a, b, c, r) in rows {
-    print(a.padding(toLength: w0, withPad: " ", startingAt: 0) + "  | " + b.padding(toLength: 16, withPad: " ", startingAt: 0)
-          + " | " + c.padding(toLength: 16, withPad: " ", startingAt: 0) + " | " + r)
+    print(pad(a, w0) + "  | " + pad(b, w1) + " | " + pad(c, w2) + " | " + r)
 }
 print(String(format: "\nwrote %@/latest.json and %@/chart.svg in %.0f s", options.out, options.out, seconds(since: runStart)))
 try? FileManager.default.removeItem(atPath: dir)

@@ -1,0 +1,224 @@
+import ConcordJSON
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What an operator uses: metrics over HTTP and through the CLI, `stats
+/// --watch`, and `--allow-uid` / `--allow-gid` refusing other users' processes.
+@Suite(.serialized)
+struct OperatorTests {
+    /// The metrics address the server logged (`--metrics 127.0.0.1:0` binds a free port).
+    static func metricsAddress(_ server: ServerProcess) throws -> (host: String, port: UInt16) {
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline {
+            let log = server.stderr
+            if let r = log.range(of: "concord.metrics=http://") {
+                let rest = log[r.upperBound...]
+                let hostPort = rest.prefix { $0 != "/" }
+                if let colon = hostPort.lastIndex(of: ":"), let port = UInt16(hostPort[hostPort.index(after: colon)...]) {
+                    return (String(hostPort[..<colon]), port)
+                }
+            }
+            usleep(20_000)
+        }
+        throw TestFailure("the server did not log its metrics address: \(server.stderr)")
+    }
+
+    /// One HTTP/1.1 exchange over a plain TCP socket: status line, headers, body.
+    static func http(_ host: String, _ port: UInt16, _ head: String) throws -> (status: String, headers: String, body: String) {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestFailure("socket() failed") }
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = port.bigEndian
+        inet_pton(AF_INET, host, &addr.sin_addr)
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard rc == 0 else { throw TestFailure("cannot connect to \(host):\(port): errno \(errno)") }
+        var tv = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        let bytes = Array(head.utf8)
+        _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        var response: [UInt8] = []
+        var buf = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = recv(fd, &buf, buf.count, 0)
+            if n <= 0 { break }
+            response.append(contentsOf: buf[..<n])
+        }
+        let text = String(decoding: response, as: UTF8.self)
+        guard let split = text.range(of: "\r\n\r\n") else { throw TestFailure("no HTTP head in: \(text)") }
+        let head = String(text[..<split.lowerBound])
+        let status = head.split(separator: "\r\n").first.map(String.init) ?? ""
+        return (status, head, String(text[split.upperBound...]))
+    }
+
+    /// The value of one sample line (`name{labels} value`) in exposition text.
+    static func sample(_ text: String, _ series: String) -> Double? {
+        for line in text.split(separator: "\n") where line.hasPrefix(series + " ") {
+            return Double(line.dropFirst(series.count + 1))
+        }
+        return nil
+    }
+
+    @Test func metricsAreScrapedOverHTTP() throws {
+        let server = try ServerProcess(arguments: ["--metrics", "127.0.0.1:0"])
+        let (host, port) = try Self.metricsAddress(server)
+        let sub = try server.connect()
+        try sub.request(#"{"op":"subscribe","sub":"s","key":"k"}"#)
+        let writer = try server.connect()
+        for i in 0..<5 { try writer.request(#"{"op":"update","key":"k","model":{"id":"A","n":\#(i)}}"#) }
+        try writer.request(#"{"op":"unsubscribe","sub":"nope"}"#)
+        try writer.request(#"{"op":"ping"}"#)   // the subscriber's events are out by now
+        _ = try sub.request(#"{"op":"ping"}"#)
+
+        let r = try Self.http(host, port, "GET /metrics HTTP/1.1\r\nHost: concord\r\n\r\n")
+        #expect(r.status == "HTTP/1.1 200 OK")
+        #expect(r.headers.contains("Content-Type: text/plain; version=0.0.4"))
+        let t = r.body
+        #expect(Self.sample(t, #"concord_requests_total{op="update"}"#) == 5)
+        #expect(Self.sample(t, #"concord_requests_total{op="subscribe"}"#) == 1)
+        #expect(Self.sample(t, #"concord_errors_total{code="no_such_sub"}"#) == 1)
+        #expect(Self.sample(t, "concord_events_total") == 5)
+        #expect(Self.sample(t, "concord_responses_total") == 9)
+        #expect(Self.sample(t, "concord_connections") == 2)
+        #expect(Self.sample(t, #"concord_subscriptions{kind="key"}"#) == 1)
+        #expect(Self.sample(t, "concord_entities") == 1)
+        #expect(Self.sample(t, "concord_seq") == 5)
+        #expect(Self.sample(t, "concord_connections_accepted_total")! >= 3)  // the start-up probe counts too
+        #expect(Self.sample(t, "concord_update_event_latency_seconds_count") == 5)
+        #expect((Self.sample(t, "concord_output_bytes_total") ?? 0) > 500)
+        #expect(Self.sample(t, "concord_cache_items") != nil)
+        if !Sanitizer.active { #expect((Self.sample(t, #"concord_allocator_bytes{kind="allocated"}"#) ?? 0) > 0) }
+
+        // Counters only grow; a second scrape sees the same totals plus what happened since.
+        try writer.request(#"{"op":"update","key":"k","model":{"id":"A","n":99}}"#)
+        let again = try Self.http(host, port, "GET /metrics HTTP/1.1\r\n\r\n").body
+        #expect(Self.sample(again, #"concord_requests_total{op="update"}"#) == 6)
+
+        #expect(try Self.http(host, port, "GET /other HTTP/1.1\r\n\r\n").status == "HTTP/1.1 404 Not Found")
+        #expect(try Self.http(host, port, "POST /metrics HTTP/1.1\r\n\r\n").status == "HTTP/1.1 405 Method Not Allowed")
+        #expect(try Self.http(host, port, "nonsense\r\n\r\n").status == "HTTP/1.1 400 Bad Request")
+        let headOnly = try Self.http(host, port, "HEAD /metrics HTTP/1.1\r\n\r\n")
+        #expect(headOnly.status == "HTTP/1.1 200 OK" && headOnly.body.isEmpty)
+        // The socket clients were never disturbed.
+        #expect(try writer.request(#"{"op":"ping"}"#)["ok"] == true)
+        #expect(server.stop() == 0)
+    }
+
+    @Test func metricsAddressIsCheckedAtStartUp() throws {
+        let dir = NSTemporaryDirectory() + "concord-metrics-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let sock = dir + "/s.sock"
+        let bad = try ServerProcess.runToExit(arguments: ["--socket", sock, "--metrics", "nowhere"])
+        #expect(bad.status != 0)
+        #expect(bad.stderr.contains("--metrics must be HOST:PORT"))
+        let notAnAddress = try ServerProcess.runToExit(arguments: ["--socket", sock, "--metrics", "example.org:9464"])
+        #expect(notAnAddress.status != 0)
+        #expect(notAnAddress.stderr.contains("is not an IPv4 or IPv6 address"))
+        // Nothing is left behind: the Unix socket it had bound is removed.
+        #expect(!FileManager.default.fileExists(atPath: sock))
+    }
+
+    @Test func cliPrintsPrometheusTextAndWatches() throws {
+        let server = try ServerProcess()
+        let s = server.socketPath
+        #expect(try CLITests.concord(["update", #"{"id":"A"}"#, "--key", "k"], socket: s).0 == 0)
+        let (status, text, _) = try CLITests.concord(["stats", "--prometheus"], socket: s)
+        #expect(status == 0)
+        #expect(text.contains("# TYPE concord_requests_total counter"))
+        #expect(Self.sample(text, #"concord_requests_total{op="update"}"#) == 1)
+        let (watchStatus, watch, _) = try CLITests.concord(["stats", "--watch", "--interval", "0.2", "--count", "3"], socket: s)
+        #expect(watchStatus == 0)
+        let lines = watch.split(separator: "\n")
+        #expect(lines.count == 4)
+        #expect(lines.first?.contains("events/s") == true)
+        // Third row: rates over 0.2 s, numbers rather than "-".
+        #expect(lines.last?.split(separator: " ").count == 11)
+        #expect(lines.last?.contains(" - ") == false)
+        #expect(try CLITests.concord(["stats", "--watch", "--json"], socket: s).0 != 0)
+    }
+
+    /// A directory other users can enter and a socket they can open, so only
+    /// `--allow-uid`/`--allow-gid` stand between them and the server.
+    static func sharedServer(_ extra: [String]) throws -> ServerProcess {
+        let dir = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("concord-shared-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        chmod(dir.path, 0o755)
+        return try ServerProcess(arguments: ["--socket-mode", "0666"] + extra, directory: dir)
+    }
+
+    /// `ping` from a process running as `uid`/`gid` (setpriv drops root in the
+    /// child); python3 is the client, being readable by every user.
+    static func pingAs(uid: Int, gid: Int, socket: String) throws -> String {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        let script = """
+        import socket, sys
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        s.connect(sys.argv[1])
+        try:
+            s.sendall(b'{"op":"ping","rid":1}\\n')
+        except OSError:
+            pass
+        data = b''
+        while not data.endswith(b'\\n'):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        print(data.decode().strip())
+        """
+        p.arguments = ["--reuid", "\(uid)", "--regid", "\(gid)", "--clear-groups", "/usr/bin/python3", "-c", script, socket]
+        let out = Pipe()
+        p.standardOutput = out
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    @Test(.enabled(if: getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")
+                   && FileManager.default.isExecutableFile(atPath: "/usr/bin/python3"),
+                   "needs root (to act as another user), setpriv and python3"))
+    func allowListsRefuseOtherUsers() throws {
+        // Only uid 65534 (nobody) besides the server's own user.
+        let server = try Self.sharedServer(["--allow-uid", "65534"])
+        defer { try? FileManager.default.removeItem(at: server.dir) }
+        let allowed = try JSON.parse(Self.pingAs(uid: 65534, gid: 65534, socket: server.socketPath))
+        #expect(allowed["ok"] == true)
+        let refused = try JSON.parse(Self.pingAs(uid: 4242, gid: 4242, socket: server.socketPath))
+        #expect(refused["ok"] == false)
+        #expect(refused["error"]?["code"] == "forbidden")
+        #expect(refused["error"]?["message"]?.stringValue?.contains("uid 4242") == true)
+        // The server's own user is always allowed, and the refusal is logged.
+        #expect(try server.connect().request(#"{"op":"ping"}"#)["ok"] == true)
+        #expect(server.stderr.contains("connection refused: peer not allowed"))
+        #expect(server.stderr.contains("concord.peer.uid=4242"))
+        let stats = try server.connect().request(#"{"op":"stats"}"#)
+        #expect(stats["connections"] == 1)
+        #expect(server.stop() == 0)
+
+        // By group: a peer whose gid is listed.
+        let byGroup = try Self.sharedServer(["--allow-gid", "4343"])
+        defer { try? FileManager.default.removeItem(at: byGroup.dir) }
+        #expect(try JSON.parse(Self.pingAs(uid: 4242, gid: 4343, socket: byGroup.socketPath))["ok"] == true)
+        #expect(try JSON.parse(Self.pingAs(uid: 4242, gid: 4242, socket: byGroup.socketPath))["error"]?["code"] == "forbidden")
+        // Without lists, the socket's mode alone decides: anyone who can open it is served.
+        let open = try Self.sharedServer([])
+        defer { try? FileManager.default.removeItem(at: open.dir) }
+        #expect(try JSON.parse(Self.pingAs(uid: 4242, gid: 4242, socket: open.socketPath))["ok"] == true)
+    }
+}
+
+extension JSON {
+    static func parse(_ text: String) throws -> JSON { try JSONParser().parse(text) }
+}
