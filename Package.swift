@@ -23,6 +23,8 @@ let package = Package(
         .library(name: "_ConcordCore", targets: ["ConcordCore"]),
         .library(name: "ConcordClient", targets: ["ConcordClient"]),
         .library(name: "ConcordSocket", targets: ["ConcordSocket"]),
+        // For SDK users' tests: a real concord-server on a temporary socket.
+        .library(name: "ConcordTestServer", targets: ["ConcordTestServer"]),
         .executable(name: "concord", targets: ["ConcordCLI"]),
         // Cache backends, loaded at run time through the C ABI (docs/PLUGINS.md).
         .library(name: "ConcordMemoryBackend", type: .dynamic, targets: ["ConcordMemoryBackend"]),
@@ -59,6 +61,8 @@ let package = Package(
 
         // Connecting to a Unix socket: the one helper every client in the tree uses (Glibc only).
         .target(name: "ConcordSocket", swiftSettings: swiftSettings),
+
+        .target(name: "ConcordTestServer", dependencies: ["ConcordSocket"], swiftSettings: swiftSettings),
 
         // The client SDK: a POSIX socket, a reader thread, async API; no libuv.
         .target(name: "ConcordClient", dependencies: ["ConcordJSON", "ConcordProtocol", "ConcordSocket"], swiftSettings: swiftSettings),
@@ -107,9 +111,11 @@ let package = Package(
             dependencies: ["ConcordServer", "ConcordJSON", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings
         ),
+        // The README's SDK snippet, compiled and run (a snippet that stops compiling fails CI).
+        .testTarget(name: "ConcordReadmeTests", dependencies: ["ConcordClient", "ConcordTestServer"], swiftSettings: swiftSettings),
         .testTarget(
             name: "ConcordIntegrationTests",
-            dependencies: ["ConcordJSON", "ConcordClient", "ConcordSocket", "ConcordTestSupport"],
+            dependencies: ["ConcordJSON", "ConcordClient", "ConcordSocket", "ConcordTestServer", "ConcordTestSupport"],
             swiftSettings: swiftSettings
         ),
     ]

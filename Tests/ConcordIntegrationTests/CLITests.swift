@@ -1,4 +1,5 @@
 import ConcordJSON
+import ConcordTestServer
 import Foundation
 import Testing
 

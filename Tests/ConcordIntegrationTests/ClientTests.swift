@@ -1,6 +1,7 @@
 import ConcordClient
 import ConcordJSON
 import ConcordTestSupport
+import ConcordTestServer
 import Foundation
 import Testing
 

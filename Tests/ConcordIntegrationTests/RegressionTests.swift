@@ -1,5 +1,6 @@
 import ConcordClient
 import ConcordJSON
+import ConcordTestServer
 import Foundation
 import Testing
 

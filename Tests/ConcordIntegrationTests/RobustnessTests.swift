@@ -1,5 +1,6 @@
 import ConcordJSON
 import ConcordTestSupport
+import ConcordTestServer
 import Foundation
 import Testing
 
