@@ -135,14 +135,15 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
     /// identity swaps the item.
     public func update(_ model: Model, at index: Int, context: JSON? = nil) async throws {
         let json = try ModelCoding.json(model)
+        let idKey = client.idKey
         let sameEntity = try lock.withLock { () throws -> Bool in
             guard index >= 0 && index < items.count else {
                 throw ConcordError(.badIndex, "index \(index) is outside the list of \(items.count)")
             }
-            let same = items[index].identity(idKey: "id") == model.globalIdentity
+            let same = items[index].identity(idKey: idKey) == model.globalIdentity
             var changes: [CollectionChange] = []
             if same {
-                for i in items.indices where items[i].identity(idKey: "id") == model.globalIdentity {
+                for i in items.indices where items[i].identity(idKey: idKey) == model.globalIdentity {
                     items[i] = json
                     models[i] = model
                     changes.append(.update(i))
@@ -188,9 +189,10 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
     private func mirrorEntityWrites(_ written: [(JSON, Model)]) -> [CollectionChange] {
         var latest: [String: (JSON, Model)] = [:]
         for (j, m) in written { latest[m.globalIdentity] = (j, m) }
+        let idKey = client.idKey
         var changes: [CollectionChange] = []
         for i in items.indices {
-            guard let id = items[i].identity(idKey: "id"), let (j, m) = latest[id], items[i] != j else { continue }
+            guard let id = items[i].identity(idKey: idKey), let (j, m) = latest[id], items[i] != j else { continue }
             items[i] = j
             models[i] = m
             changes.append(.update(i))

@@ -59,12 +59,14 @@ extension ConcordClient {
     @discardableResult
     public func hello() async throws -> ServerInfo {
         let r = try await op("hello", [("client", .string(configuration.clientName))])
-        return ServerInfo(
+        let info = ServerInfo(
             server: r["server"]?.stringValue ?? "",
             version: r["version"]?.stringValue ?? "",
             protocolVersion: r["protocol"]?.numberValue?.intValue ?? 0,
             idKey: r["id_key"]?.stringValue ?? "id",
             limits: r["limits"] ?? .null)
+        noteServerInfo(info)
+        return info
     }
 
     /// The last applied mutation; also a barrier: every event of every

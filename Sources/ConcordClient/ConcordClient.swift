@@ -61,6 +61,7 @@ public final class ConcordClient: @unchecked Sendable {
         var pending: [Int: CheckedContinuation<JSON, any Error>] = [:]
         var subscriptions: [String: SubscriptionState] = [:]
         var nextSubscription = 1
+        var serverInfo: ServerInfo?
     }
 
     /// Server facts from `hello`.
@@ -75,6 +76,16 @@ public final class ConcordClient: @unchecked Sendable {
     private init(configuration: Configuration) {
         self.configuration = configuration
     }
+
+    /// What the server said in its last `hello` (on connect and after every reconnect).
+    public var serverInfo: ServerInfo? { lock.withLock { state.serverInfo } }
+
+    /// The server's identity member (`--id-key`, from `hello`; `"id"` until it answered).
+    /// Typed models keep `var id` and, when the server uses another member,
+    /// map it with `CodingKeys` (`case id = "_id"`).
+    public var idKey: String { lock.withLock { state.serverInfo?.idKey } ?? "id" }
+
+    func noteServerInfo(_ info: ServerInfo) { lock.withLock { state.serverInfo = info } }
 
     /// Connects and says `hello`.
     public static func connect(_ configuration: Configuration = Configuration()) async throws -> ConcordClient {

@@ -20,6 +20,16 @@ struct Message: ConcordModel, Equatable {
     var sender: Person
 }
 
+/// A model on a server whose identity member is `_id` (`--id-key _id`).
+struct Doc: ConcordModel, Equatable {
+    var id: ConcordID<Doc>
+    var title: String
+    enum CodingKeys: String, CodingKey {
+        case id = "_id"
+        case title
+    }
+}
+
 /// Waits (bounded) for a condition that other threads make true.
 func eventually(_ seconds: Double = 10, _ condition: () -> Bool) async -> Bool {
     let deadline = Date().addingTimeInterval(seconds)
@@ -53,6 +63,23 @@ struct ClientTests {
         #expect(try await c.get(collection: "c").items == [["id": "A"]])
         #expect(try await c.schema(["Message": ["sender"]]) == ["Message": ["sender"]])
         #expect(try await c.stats()["connections"] == 1)
+        c.close()
+    }
+
+    @Test func theIdentityMemberComesFromHello() async throws {
+        let server = try ServerProcess(arguments: ["--id-key", "_id"])
+        let c = try await ConcordClient.connect(socketPath: server.socketPath)
+        #expect(c.idKey == "_id")
+        #expect(c.serverInfo?.idKey == "_id")
+        let list = try await CollectionDataProvider<Doc>.open(client: c, collection: "docs")
+        try await list.setData([Doc(id: 1, title: "a"), Doc(id: 2, title: "b"), Doc(id: 1, title: "a")])
+        // Updating an item with the same identity updates that entity: every
+        // index holding it, here at once as on the server (found by `_id`).
+        try await list.update(Doc(id: 1, title: "A"), at: 0)
+        #expect(list.data.map(\.title) == ["A", "b", "A"])
+        let stored = try await c.get(collection: "docs").items
+        #expect(stored.map { $0["title"]?.stringValue } == ["A", "b", "A"])
+        #expect(stored.first?["_id"] == "Doc:1")
         c.close()
     }
 
