@@ -93,10 +93,14 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
 
-        // Ad-hoc load and measurement tool (no extra dependencies).
+        // Ad-hoc load and measurement tool.
         .executableTarget(
             name: "concord-load",
-            dependencies: ["ConcordJSON", "ConcordProtocol", "ConcordCore", "ConcordServer", "ConcordSocket", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "ConcordJSON", "ConcordProtocol", "ConcordCore", "ConcordServer", "ConcordSocket",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
             path: "Benchmarks/ConcordLoad", swiftSettings: swiftSettings
         ),
 

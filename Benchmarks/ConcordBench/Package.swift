@@ -9,6 +9,7 @@ let package = Package(
     name: "ConcordBench",
     dependencies: [
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(path: "../.."),
     ],
     targets: [
@@ -17,6 +18,7 @@ let package = Package(
             dependencies: [
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "ConcordSocket", package: "main"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Sources/ConcordBench"
         ),

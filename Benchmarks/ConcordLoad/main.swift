@@ -1,21 +1,8 @@
 // concord-load: ad-hoc load and measurement tool for concord-server.
-//
-//   concord-load codec                                   parse/encode MB/s of ConcordJSON
-//   concord-load pipeline    --socket P [-n N]           pipelined updates/s on one connection
-//   concord-load fanout      --socket P [-s S] [-n N] [--kind key|model|ids]
-//                                                        delivered events/s, S subscribers on one view
-//   concord-load subs        --socket P [-n N] [--shared yes]   jemalloc bytes per key subscription
-//   concord-load collections --socket P [-n N] [-s S] [--ops K] one-item update in an N-item
-//                                                        collection; head insert/remove churn
-//   concord-load backend     [--cache memory|sqlite|hash] [-n N]   get/write_batch rates through the ABI
-//   concord-load populate    --socket P [-n N]           fill a server with N entities
-//   concord-load first-get   --socket P [--id ID]        time to the first `get` after a start
-//   concord-load core        [--subs S] [--kind key|model|none] [-n N]
-//                                                        the engine alone, one thread, no sockets: µs per
-//                                                        update with S subscriber connections (for perf/callgrind)
-//
-// The benchmark next to Redis is Benchmarks/ConcordBench (make bench).
+// `concord-load --help` lists the commands and their options (LoadOptions
+// below). The benchmark next to Redis is Benchmarks/ConcordBench (make bench).
 
+import ArgumentParser
 import ConcordCore
 import ConcordJSON
 import ConcordProtocol
@@ -30,15 +17,75 @@ import Glibc
 
 signal(SIGPIPE, SIG_IGN)
 
-nonisolated(unsafe) var args = Array(CommandLine.arguments.dropFirst())
-let command = args.isEmpty ? "help" : args.removeFirst()
+/// The command line (swift-argument-parser): one command word and the options it reads.
+struct LoadOptions: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "concord-load",
+        abstract: "Ad-hoc load and measurement tool for concord-server.",
+        discussion: """
+            Commands, with the options each reads [and their defaults]:
+              codec        parse/encode MB/s of ConcordJSON [-n 200000]
+              core         the engine alone on one thread, no sockets: µs per
+                           update [-n 200000 --subs 1 --kind key|model|none]
+              pipeline     pipelined updates/s on one connection [-n 200000]
+              fanout       delivered events/s, S subscribers on one view
+                           [-s 100 -n 20000 --kind key|model|ids]
+              subs         jemalloc bytes per key subscription
+                           [-n 100000 --shared no]
+              collections  one-item update in an N-item collection; head
+                           insert/remove churn [-n 100000 -s 10 --ops 2000]
+              backend      get/write_batch rates through the ABI
+                           [--cache sqlite -n 100000 --cache-config JSON]
+              populate     fill a server with N entities [-n 1000000]
+              first-get    time to the first get after a start
+                           [--id Person:123456]
+            The benchmark next to Redis is Benchmarks/ConcordBench (make bench).
+            """)
 
-func option(_ name: String, _ fallback: String) -> String {
-    if let i = args.firstIndex(of: name), i + 1 < args.count { return args[i + 1] }
-    return fallback
+    static let commands = ["codec", "core", "pipeline", "fanout", "subs", "collections", "backend", "populate", "first-get"]
+
+    @Argument(help: "What to measure (see below).")
+    var command: String
+
+    @Option(help: "Server socket (default: $CONCORD_SOCKET, else the per-user default).")
+    var socket: String = DefaultSocket.path
+
+    @Option(name: .customShort("n"), help: "Operations, items or entities (default per command).")
+    var count: Int?
+
+    @Option(name: [.customShort("s"), .customLong("subs")], help: "Subscribers or subscriber connections (default per command).")
+    var subs: Int?
+
+    @Option(help: "View kind: key, model, ids (fanout); key, model, none (core).")
+    var kind: String?
+
+    @Option(help: "subs: yes to subscribe every connection to one shared key.")
+    var shared: String = "no"
+
+    @Option(help: "collections: head insert/remove operations.")
+    var ops: Int = 2000
+
+    @Option(help: "backend: memory, sqlite, hash or a library path.")
+    var cache: String = "sqlite"
+
+    @Option(help: "backend: the backend's configuration (JSON).")
+    var cacheConfig: String?
+
+    @Option(help: "first-get: the identity to read.")
+    var id: String = "Person:123456"
+
+    func validate() throws {
+        guard Self.commands.contains(command) else {
+            throw ValidationError("unknown command '\(command)'; one of: \(Self.commands.joined(separator: ", "))")
+        }
+        if let count, count < 1 { throw ValidationError("-n must be at least 1") }
+        if let subs, subs < 0 { throw ValidationError("-s/--subs must not be negative") }
+    }
 }
 
-let socketPath = option("--socket", DefaultSocket.path)
+let options = LoadOptions.parseOrExit()
+let command = options.command
+let socketPath = options.socket
 
 func now() -> Double {
     var ts = timespec()
@@ -140,7 +187,7 @@ case "codec":
     let doc = Array(#"{"id":"Feed:1","kind":"home","updated":"2026-11-22T00:00:00Z","posts":[\#(items.joined(separator: ","))],"cursor":null}"#.utf8)
     let parser = JSONParser()
     let value = try! parser.parse(doc)
-    let n = Int(option("-n", "200000"))!
+    let n = options.count ?? 200_000
     var t = now()
     var sink = 0
     for _ in 0..<n { if case .object(let o) = try! parser.parse(doc) { sink &+= o.count } }
@@ -156,9 +203,9 @@ case "codec":
 case "core":
     // The engine on this thread: the sequencer's work per update, without the
     // loop, the hand-offs or the kernel. Same payloads as concord-bench.
-    let n = Int(option("-n", "200000"))!
-    let subs = Int(option("--subs", "1"))!
-    let kind = option("--kind", "key")
+    let n = options.count ?? 200_000
+    let subs = options.subs ?? 1
+    let kind = options.kind ?? "key"
     var configuration = EngineConfiguration()
     configuration.outputSoftBytes = 0
     configuration.internalChecks = false
@@ -191,7 +238,7 @@ case "core":
                  n, kind, kind == "none" ? 0 : subs, s / Double(n) * 1e6, Double(n) / s, bytes))
 
 case "pipeline":
-    let n = Int(option("-n", "200000"))!
+    let n = options.count ?? 200_000
     let c = Client(socketPath)
     _ = c.request(#"{"op":"hello"}"#)
     let lines = (0..<n).map { i -> [UInt8] in
@@ -217,9 +264,9 @@ case "pipeline":
     print(String(format: "pipelined updates: %d in %.2f s = %.0f updates/s", n, s, Double(n) / s))
 
 case "fanout":
-    let subs = Int(option("-s", "100"))!
-    let n = Int(option("-n", "20000"))!
-    let kind = option("--kind", "key")
+    let subs = options.subs ?? 100
+    let n = options.count ?? 20_000
+    let kind = options.kind ?? "key"
     let readers = (0..<subs).map { _ in Client(socketPath) }
     for (i, r) in readers.enumerated() {
         let body = kind == "key" ? #""key":"fan""# : (kind == "ids" ? #""ids":["Person:1"]"# : #""model":\#(model200("Person:1", -1))"#)
@@ -258,13 +305,13 @@ case "fanout":
                  kind, subs, n, s, Double(n) / s, Double(subs * n) / s))
 
 case "subs":
-    let n = Int(option("-n", "100000"))!
+    let n = options.count ?? 100_000
     let perConn = 50_000
     let probe = Client(socketPath)
     func allocated() -> Int { probe.request(#"{"op":"stats"}"#)["memory"]!["allocated"]!.numberValue!.intValue! }
     let conns = (0..<((n + perConn - 1) / perConn)).map { _ in Client(socketPath) }
     let before = allocated()
-    let shared = option("--shared", "no") == "yes"
+    let shared = options.shared == "yes"
     for (ci, c) in conns.enumerated() {
         let count = min(perConn, n - ci * perConn)
         var chunk: [UInt8] = []
@@ -283,9 +330,9 @@ case "subs":
 
 case "collections":
     // Update one item of an N-item collection; head insert/remove churn with S subscribers.
-    let size = Int(option("-n", "100000"))!
-    let subs = Int(option("-s", "10"))!
-    let ops = Int(option("--ops", "2000"))!
+    let size = options.count ?? 100_000
+    let subs = options.subs ?? 10
+    let ops = options.ops
     let name = "bench\(size)-\(Int(now() * 1000) % 1_000_000)"
     let w = Client(socketPath)
     var chunk = ""
@@ -334,11 +381,11 @@ case "collections":
 
 case "backend":
     // put / write_batch / get ops/s through the C ABI, 100k keys, 200-byte values.
-    let spec = option("--cache", "sqlite")
-    let n = Int(option("-n", "100000"))!
+    let spec = options.cache
+    let n = options.count ?? 100_000
     let dir = NSTemporaryDirectory() + "concord-load-\(getpid())"
     try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-    let config = option("--cache-config", spec == "sqlite" ? #"{"path":"\#(dir)/b.sqlite","max_bytes":0}"# : #"{"max_bytes":0}"#)
+    let config = options.cacheConfig ?? (spec == "sqlite" ? #"{"path":"\#(dir)/b.sqlite","max_bytes":0}"# : #"{"max_bytes":0}"#)
     let backend = try! Backend.open(spec: spec, configJSON: config, logger: Logger(label: "load"))
     let value = [UInt8](repeating: 0x61, count: 200)
     let keys = (0..<n).map { Array("e:Person:\($0)".utf8) }
@@ -366,7 +413,7 @@ case "backend":
 
 case "populate":
     // Writes N entities (and one document holding the first) pipelined, for restart timing.
-    let n = Int(option("-n", "1000000"))!
+    let n = options.count ?? 1_000_000
     let c = Client(socketPath)
     let t = now()
     let writer = Thread {
@@ -390,9 +437,9 @@ case "first-get":
         if let fd = Client.connectSocket(socketPath) { c = Client(fd: fd) } else { usleep(1000) }
     }
     let listening = now() - t
-    let r = c!.request(#"{"op":"get","id":"\#(option("--id", "Person:123456"))"}"#)
+    let r = c!.request(#"{"op":"get","id":"\#(options.id)"}"#)
     print(String(format: "socket up after %.0f ms, first get answered after %.0f ms: %@", listening * 1000, (now() - t) * 1000, r["model"]?.compactString ?? "?"))
 
 default:
-    print("usage: concord-load codec | pipeline | fanout [-s S] [--kind key|model|ids] | collections [-n N] [-s S] [--ops K] | subs [--shared yes] | backend [--cache memory|sqlite|hash] | populate [-n N] | first-get [--id ID] [--socket PATH] [-n N]")
+    break  // validate() admits only the commands above
 }

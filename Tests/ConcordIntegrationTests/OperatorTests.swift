@@ -146,6 +146,36 @@ struct OperatorTests {
         #expect(try CLITests.concord(["stats", "--watch", "--json"], socket: s).0 != 0)
     }
 
+    /// Runs a tool built next to the server; returns status, stdout, stderr.
+    static func tool(_ name: String, _ args: [String]) throws -> (Int32, String, String) {
+        let p = Process()
+        p.executableURL = ServerProcess.binary.deletingLastPathComponent().appendingPathComponent(name)
+        p.arguments = args
+        let out = Pipe(), err = Pipe()
+        p.standardOutput = out
+        p.standardError = err
+        try p.run()
+        let o = out.fileHandleForReading.readDataToEndOfFile()
+        let e = err.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return (p.terminationStatus, String(decoding: o, as: UTF8.self), String(decoding: e, as: UTF8.self))
+    }
+
+    @Test func loadToolParsesItsCommandLine() throws {
+        let help = try Self.tool("concord-load", ["--help"])
+        #expect(help.0 == 0)
+        for command in ["codec", "core", "pipeline", "fanout", "subs", "collections", "backend", "populate", "first-get"] {
+            #expect(help.1.contains("  \(command) "), "--help does not list \(command)")
+        }
+        let bogus = try Self.tool("concord-load", ["bogus"])
+        #expect(bogus.0 == 64)
+        #expect(bogus.2.contains("unknown command 'bogus'"))
+        #expect(try Self.tool("concord-load", ["codec", "--nonsense"]).0 == 64)
+        let codec = try Self.tool("concord-load", ["codec", "-n", "50"])
+        #expect(codec.0 == 0)
+        #expect(codec.1.contains("parse:"))
+    }
+
     /// A directory other users can enter and a socket they can open, so only
     /// `--allow-uid`/`--allow-gid` stand between them and the server.
     static func sharedServer(_ extra: [String]) throws -> ServerProcess {

@@ -1,10 +1,11 @@
 // concord-bench: Concord next to Redis pub/sub on this machine's Unix sockets.
 //
-//   concord-bench --server PATH [--redis PATH] [--full] [--out DIR]
+//   concord-bench [--server PATH] [--redis PATH] [--full] [--out DIR] [--only TEXT]
 //
 // Writes DIR/latest.json, DIR/chart.svg and prints a table. Every loop is
-// bounded in count and time. See README, "Benchmarks".
+// bounded in count and time. See README, "Benchmark"; --help for the options.
 
+import ArgumentParser
 import Foundation
 
 #if canImport(Glibc)
@@ -13,42 +14,33 @@ import Glibc
 
 signal(SIGPIPE, SIG_IGN)
 
-struct Options {
-    var server = "../../.build/release/concord-server"
-    var redis = "/usr/bin/redis-server"
-    var full = false
-    var out = "results"
-    /// Run only the scenarios whose progress label contains this text.
-    var only: String?
+struct Options: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "concord-bench",
+        abstract: "Concord next to Redis pub/sub on this machine's Unix sockets.",
+        discussion: """
+            Writes OUT/latest.json and OUT/chart.svg and prints a table. Every
+            loop is bounded in count and time. Environment:
+            CONCORD_BENCH_SERVER_ARGS adds concord-server options (experiments).
+            """)
 
-    init(_ args: [String]) {
-        var i = 0
-        while i < args.count {
-            switch args[i] {
-            case "--server": server = args[i + 1]; i += 1
-            case "--redis": redis = args[i + 1]; i += 1
-            case "--out": out = args[i + 1]; i += 1
-            case "--full": full = true
-            case "--only": only = args[i + 1]; i += 1
-            case "--help", "-h":
-                print("""
-                    usage: concord-bench [--server PATH] [--redis PATH] [--full] [--out DIR] [--only TEXT]
-                      --server  concord-server binary (default ../../.build/release/concord-server)
-                      --redis   redis-server binary (default /usr/bin/redis-server)
-                      --full    longer runs and the 1M-subscription memory scenario
-                      --out     where latest.json and chart.svg go (default results)
-                      --only    run only the scenarios whose label contains TEXT
-                    environment: CONCORD_BENCH_SERVER_ARGS  extra concord-server options (experiments)
-                    """)
-                exit(0)
-            default: break
-            }
-            i += 1
-        }
-    }
+    @Option(help: "The concord-server binary.")
+    var server = "../../.build/release/concord-server"
+
+    @Option(help: "The redis-server binary.")
+    var redis = "/usr/bin/redis-server"
+
+    @Flag(help: "Longer runs and the 1M-subscription memory scenario.")
+    var full = false
+
+    @Option(help: "Where latest.json and chart.svg go.")
+    var out = "results"
+
+    @Option(help: "Run only the scenarios whose label contains this text.")
+    var only: String?
 }
 
-let options = Options(Array(CommandLine.arguments.dropFirst()))
+let options = Options.parseOrExit()
 let runStart = nowNanos()
 let dir = NSTemporaryDirectory() + "concord-bench-\(getpid())"
 try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
