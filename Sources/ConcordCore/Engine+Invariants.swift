@@ -1,4 +1,5 @@
 import ConcordJSON
+import ConcordProtocol
 
 #if canImport(Glibc)
 import Glibc
@@ -19,9 +20,40 @@ extension Engine {
         return !s.isEmpty && s != "0"
     }
 
+    /// Query views against a naive evaluation: members are exactly the
+    /// matching entities of the type, in order, and every index agrees.
+    func queryViolations() -> [String] {
+        var problems: [String] = []
+        func note(_ s: String) { if problems.count < 20 { problems.append(s) } }
+        for (key, view) in queries.views {
+            if view.isEmpty { note("query view \(key) has no subscriber") }
+            let prefix = view.spec.type + ":"
+            var expected: [OrderTree.Element] = []
+            for (id, v) in store.entities where id.hasPrefix(prefix) && view.matches(v.value) {
+                expected.append(.init(values: view.sortValues(v.value), id: id))
+            }
+            expected.sort(by: view.tree.less)
+            let actual = view.tree.ids(0 ..< view.tree.count)
+            if actual != expected.map(\.id) { note("query view \(key): holds \(actual.prefix(10)) but \(expected.prefix(10).map(\.id)) match") }
+            if Set(view.members.keys) != Set(actual) { note("query view \(key): members disagree with its tree") }
+            for id in actual where !(queries.memberOf[id]?.contains { $0 === view } ?? false) {
+                note("query view \(key): \(id) is not indexed to it")
+            }
+        }
+        for (id, views) in queries.memberOf {
+            for v in views where v.members[id] == nil { note("\(id) is indexed to query view \(v.key), which does not hold it") }
+        }
+        for (type, tq) in queries.types {
+            let prefix = type + ":"
+            let inMemory = Set(store.entities.keys.filter { $0.hasPrefix(prefix) })
+            if inMemory != tq.entities { note("type \(type): the query index knows \(tq.entities.count) entities, memory holds \(inMemory.count)") }
+        }
+        return problems
+    }
+
     /// Every disagreement found, as sentences (empty: consistent).
     public func invariantViolations() -> [String] {
-        var problems = store.invariantViolations()
+        var problems = store.invariantViolations() + queryViolations()
         func note(_ s: String) { if problems.count < 40 { problems.append(s) } }
         var subs = 0
         for (id, c) in clients {
@@ -53,6 +85,11 @@ extension Engine {
                     for i in list where idWatchers[i]?[ObjectIdentifier(s)] !== s { note("\(name): \(i) is not indexed to it") }
                 case .feed:
                     if feeds[ObjectIdentifier(s)] !== s { note("\(name): not in the feed index") }
+                case .query(let view):
+                    if queries.views[view.key] !== view { note("\(name): query view \(view.key) is not the indexed one") }
+                    var found = false
+                    view.forEach { if $0 === s { found = true } }
+                    if !found { note("\(name): not among its query view's subscribers") }
                 }
                 if let p = s.pause, p.listed, !c.coalesced.contains(where: { $0 === s }) {
                     note("\(name): marked as owed a coalesced event but not listed")

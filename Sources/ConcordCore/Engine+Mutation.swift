@@ -130,6 +130,7 @@ extension Engine {
         for v in collectionViews.values { v.removeAll() }
         keyViews.removeAll()
         collectionViews.removeAll()
+        clearQueries()
         idWatchers = [:]
         feeds = [:]
         subscriptionCount = 0
@@ -315,6 +316,10 @@ extension Engine {
                     sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context)
                 }
             }
+        }
+        // Query views last: after every other view of the mutation, in definition order.
+        if !queries.types.isEmpty {
+            sendQueryEvents(updateQueries(change), seq: seq, context: context)
         }
     }
 

@@ -353,7 +353,9 @@ extension Engine {
         while round < 64 && bytesInUse() > memoryLimit * 9 / 10 {
             round += 1
             var candidates: [String] = []
-            for id in store.entities.keys where !store.isReferenced(id) && modelWatchers[id] == nil && idWatchers[id] == nil {
+            // Entities of a queried type stay: a query lists every one of them.
+            for id in store.entities.keys where !store.isReferenced(id) && modelWatchers[id] == nil && idWatchers[id] == nil
+                && queries.types[Tree.type(of: id)] == nil {
                 let k = RecordCodec.entityKey(id)
                 if clean(k) && !secondChance(k) { candidates.append(id) }
                 if candidates.count >= 4096 { break }

@@ -58,6 +58,17 @@ extension Engine {
             feeds[ObjectIdentifier(s)] = s
             add(s, to: c)
             respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
+        case .query(let spec):
+            let view = queryView(spec)
+            let s = Subscription(client: c, name: name, kind: .query(view))
+            view.add(s)
+            add(s, to: c)
+            let items = queryItems(view)
+            respond(c, rid: rid) { w in
+                w.key("items"); w.value(.array(items))
+                w.key("count"); w.int(view.count)
+                w.key("seq"); w.int(seq)
+            }
         case .collection(let collection):
             let view: CollectionView
             if let v = collectionViews[collection] {
@@ -106,6 +117,9 @@ extension Engine {
         case .collection(let view):
             view.remove(s)
             if view.isEmpty { collectionViews[view.name] = nil }
+        case .query(let view):
+            view.remove(s)
+            if view.isEmpty { dropQueryView(view) }
         }
     }
 
@@ -125,6 +139,9 @@ extension Engine {
         switch s.kind {
         case .key(let view): state.document = store.document(view.key)
         case .collection(let view): state.items = store.collectionItems(view.name)
+        case .query(let view):
+            state.items = queryItems(view)
+            state.count = view.count
         default: break
         }
         return state
@@ -172,6 +189,13 @@ extension Engine {
             var w = JSONWriter()
             eventHeader(&w, "collection", s, seq, coalesced: coalesced)
             writeCollectionBody(&w, name: view.name, changes: [.reset(items: now)], context: context)
+            c.output.append(w.bytes)
+        case .query(let view):
+            let now = queryItems(view)
+            if now == state.items && view.count == state.count { return }
+            var w = JSONWriter()
+            eventHeader(&w, "query", s, seq, coalesced: coalesced)
+            writeQueryBody(&w, changes: [.reset(items: now)], count: view.count, context: context)
             c.output.append(w.bytes)
         case .ids, .feed:
             for id in state.order {
@@ -223,7 +247,14 @@ extension Engine {
     func writeCollectionBody(_ w: inout JSONWriter, name: String, changes: [CollectionChange], context: JSON?) {
         w.raw(",\"collection\":")
         w.string(name)
-        w.raw(",\"changes\":[")
+        w.raw(",\"changes\":")
+        writeChanges(&w, changes)
+        writeContextAndEnd(&w, context)
+    }
+
+    /// `[{"op":"insert",…},…]`: the change list of collection and query events.
+    func writeChanges(_ w: inout JSONWriter, _ changes: [CollectionChange]) {
+        w.raw("[")
         for (i, c) in changes.enumerated() {
             if i > 0 { w.raw(",") }
             switch c {
@@ -241,7 +272,6 @@ extension Engine {
             }
         }
         w.raw("]")
-        writeContextAndEnd(&w, context)
     }
 
     /// `,"id":…,"model":…[,"context":…]}\n`

@@ -92,6 +92,8 @@ public final class Engine {
     var idWatchers: [String: [ObjectIdentifier: Subscription]] = [:]
     var feeds: [ObjectIdentifier: Subscription] = [:]
     var subscriptionCount = 0
+    /// Live query views and their indexes (Engine+Queries.swift).
+    let queries = QueryRegistry()
     /// Coalescing (§6.6): the last episode number handed out, episodes begun, coalesced events written.
     var nextCoalescingEpisode = 0
     var coalescingEpisodes = 0
@@ -289,6 +291,13 @@ public final class Engine {
             case .collection(let name):
                 let items = store.collectionItems(name)
                 respond(c, rid: r.rid) { w in w.key("items"); w.value(.array(items)); w.key("seq"); w.int(seq) }
+            case .query(let spec):
+                let (items, count) = readQuery(spec)
+                respond(c, rid: r.rid) { w in
+                    w.key("items"); w.value(.array(items))
+                    w.key("count"); w.int(count)
+                    w.key("seq"); w.int(seq)
+                }
             }
         case .schema(let lists):
             if let lists {
@@ -395,7 +404,7 @@ public final class Engine {
     }
 
     /// Names of the subscription kinds, in `subscriptionsByKind` order.
-    public static let subscriptionKindNames = ["model", "key", "collection", "ids", "feed"]
+    public static let subscriptionKindNames = ["model", "key", "collection", "ids", "feed", "query"]
 
     /// Counters and gauges for the driver's metrics, read on the core's thread.
     public var figures: EngineFigures {

@@ -17,8 +17,10 @@ final class PauseState {
     var context: JSON?
     /// Key views: the document last sent before the pause (nil: no document).
     var document: JSON?
-    /// Collection views: the list last sent before the pause.
+    /// Collection and query views: the list (window) last sent before the pause.
     var items: [JSON] = []
+    /// Query views: the count last sent before the pause.
+    var count = 0
     /// `ids`/`feed` views: each entity changed while paused, with the value
     /// this subscription was last sent (null: absent), in order of first change.
     var entities: [String: JSON] = [:]
@@ -78,6 +80,7 @@ final class Subscription {
         case ids([String])
         case feed(types: Set<String>?)
         case collection(CollectionView)
+        case query(QueryView)
 
         /// Position in ``Engine/subscriptionKindNames``.
         var metricIndex: Int {
@@ -87,6 +90,7 @@ final class Subscription {
             case .collection: 2
             case .ids: 3
             case .feed: 4
+            case .query: 5
             }
         }
     }
@@ -134,6 +138,7 @@ final class Subscription {
         case .ids: return "ids"
         case .feed: return "feed"
         case .collection: return "collection"
+        case .query: return "query"
         }
     }
 }

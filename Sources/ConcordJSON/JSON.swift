@@ -86,6 +86,14 @@ public struct JSONNumber: Sendable, CustomStringConvertible {
     /// The value as an Int when it is an integer that fits.
     public var intValue: Int? { isInteger ? Int(text) : nil }
 
+    /// Orders two numbers by their exact decimal values: -1, 0 or 1.
+    public func compareByValue(_ other: JSONNumber) -> Int {
+        if isInteger && other.isInteger, let a = Int(text), let b = Int(other.text) {
+            return a < b ? -1 : (a > b ? 1 : 0)
+        }
+        return Decimal10(text).compare(Decimal10(other.text))
+    }
+
     /// Numeric equality on the exact decimal values (no rounding through Double).
     public func isEqualByValue(_ other: JSONNumber) -> Bool {
         if text == other.text { return true }
@@ -103,6 +111,25 @@ struct Decimal10: Equatable {
     var negative: Bool
     var digits: [UInt8]
     var exponent: Int
+
+    /// -1, 0 or 1 by value. The value is 0.d1d2…dn × 10^(n + exponent).
+    func compare(_ o: Decimal10) -> Int {
+        if digits.isEmpty || o.digits.isEmpty {
+            if digits.isEmpty && o.digits.isEmpty { return 0 }
+            if digits.isEmpty { return o.negative ? 1 : -1 }
+            return negative ? -1 : 1
+        }
+        if negative != o.negative { return negative ? -1 : 1 }
+        let sign = negative ? -1 : 1
+        let magA = digits.count + exponent, magB = o.digits.count + o.exponent
+        if magA != magB { return magA < magB ? -sign : sign }
+        for i in 0..<max(digits.count, o.digits.count) {
+            let a = i < digits.count ? digits[i] : 0
+            let b = i < o.digits.count ? o.digits[i] : 0
+            if a != b { return a < b ? -sign : sign }
+        }
+        return 0
+    }
 
     init(_ text: String) {
         var neg = false

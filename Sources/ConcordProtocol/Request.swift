@@ -67,6 +67,7 @@ extension Operation {
 public enum GetTarget: Sendable {
     case key(String)
     case id(String)
+    case query(QuerySpec)
     case collection(String)
 }
 
@@ -76,6 +77,8 @@ public enum SubscribeTarget: Sendable {
     case collection(String)
     case ids([String])
     case feed(types: [String]?)
+    /// A live query (§3.1).
+    case query(QuerySpec)
 }
 
 /// Members every mutation may carry.
@@ -174,13 +177,17 @@ extension Request {
         let key = try r.optionalString("key")
         let id = try r.optionalIdentity("id")
         let collection = try r.optionalString("collection")
-        switch (key, id, collection) {
-        case (let k?, nil, nil): return .key(k)
-        case (nil, let i?, nil): return .id(i)
-        case (nil, nil, let c?): return .collection(c)
-        case (nil, nil, nil): throw ProtocolError(.badRequest, "get needs one of 'key', 'id' or 'collection'")
-        default: throw ProtocolError(.badRequest, "get takes only one of 'key', 'id' or 'collection'")
+        var query: QuerySpec?
+        if let q = r.object["query"], !q.isNull { query = try QuerySpec.decode(q) }
+        let given = [key != nil, id != nil, collection != nil, query != nil].filter { $0 }.count
+        guard given == 1 else {
+            throw ProtocolError(.badRequest, given == 0 ? "get needs one of 'key', 'id', 'collection' or 'query'"
+                                                        : "get takes only one of 'key', 'id', 'collection' or 'query'")
         }
+        if let key { return .key(key) }
+        if let id { return .id(id) }
+        if let collection { return .collection(collection) }
+        return .query(query!)
     }
 
     static func decodeSubscribe(_ r: Members, idKey: String) throws(ProtocolError) -> SubscribeTarget {
@@ -221,11 +228,15 @@ extension Request {
             targets.append(.feed(types: types))
             names.append("feed")
         }
+        if let q = r.object["query"], !q.isNull {
+            targets.append(.query(try QuerySpec.decode(q)))
+            names.append("query")
+        }
         if targets.isEmpty {
-            throw ProtocolError(.badRequest, "subscribe needs one of 'model', 'key', 'collection', 'ids' or 'feed'")
+            throw ProtocolError(.badRequest, "subscribe needs one of 'model', 'key', 'collection', 'ids', 'feed' or 'query'")
         }
         if targets.count > 1 {
-            throw ProtocolError(.badRequest, "subscribe takes exactly one of 'model', 'key', 'collection', 'ids' or 'feed' (got \(names.joined(separator: ", ")))")
+            throw ProtocolError(.badRequest, "subscribe takes exactly one of 'model', 'key', 'collection', 'ids', 'feed' or 'query' (got \(names.joined(separator: ", ")))")
         }
         return targets[0]
     }

@@ -1,0 +1,238 @@
+import ConcordJSON
+import ConcordProtocol
+
+/// The live queries of one entity type, and how an update finds its candidates.
+///
+/// An entity that changes is handed to (1) the views it is a member of
+/// (`memberOf`), (2) the views whose equality condition its new value meets
+/// (`byValue`, looked up per indexed path: a hash probe each), and (3) the
+/// views that cannot be indexed (`unindexed`: every one of them is tested).
+/// So the work of a mutation grows with the entities it changes and the
+/// queries they can affect, not with the number of live queries — except
+/// for unindexed ones, which cost one predicate test per changed entity of
+/// their type each.
+final class TypeQueries {
+    /// path (joined by NUL) → value key → views.
+    var byValue: [String: [String: [QueryView]]] = [:]
+    /// path (joined by NUL) → how many views are filed under it.
+    var paths: [String: (path: QueryPath, views: Int)] = [:]
+    var unindexed: [QueryView] = []
+    var viewCount = 0
+    /// Every entity of the type in memory: built on the first query of the
+    /// type, kept up to date while one lives (a new definition scans it).
+    var entities: Set<String> = []
+    /// path → value key → entities with that value (for building indexed
+    /// views without scanning the whole type), and each entity's key.
+    var entitiesByValue: [String: [String: Set<String>]] = [:]
+    var valueOf: [String: [String: String]] = [:]
+}
+
+/// Queries' state in the engine.
+final class QueryRegistry {
+    var views: [String: QueryView] = [:]
+    var types: [String: TypeQueries] = [:]
+    /// Entity → the views it is a member of.
+    var memberOf: [String: [QueryView]] = [:]
+}
+
+extension Engine {
+    static func pathKey(_ p: QueryPath) -> String { p.joined(separator: "\u{0}") }
+
+    /// The view for a definition: shared when it exists, else built from the
+    /// entities of its type in memory.
+    func queryView(_ spec: QuerySpec) -> QueryView {
+        let key = spec.canonicalKey
+        if let v = queries.views[key] { return v }
+        let view = QueryView(key: key, spec: spec)
+        let tq = typeQueries(spec.type)
+        view.index = QueryIndexKey.of(spec.condition)
+        // Build: candidates from the value index when the view has one.
+        if let idx = view.index {
+            let pk = Self.pathKey(idx.path)
+            ensureValueIndex(tq, idx.path)
+            var candidates: [String] = []
+            for vk in idx.values { candidates.append(contentsOf: tq.entitiesByValue[pk]?[vk] ?? []) }
+            for id in candidates { if let v = store.entity(id) { view.add(id, v) } }
+            for vk in idx.values { tq.byValue[pk, default: [:]][vk, default: []].append(view) }
+            tq.paths[pk] = (idx.path, (tq.paths[pk]?.views ?? 0) + 1)
+        } else {
+            for id in tq.entities { if let v = store.entity(id) { view.add(id, v) } }
+            tq.unindexed.append(view)
+        }
+        for id in view.members.keys { queries.memberOf[id, default: []].append(view) }
+        tq.viewCount += 1
+        queries.views[key] = view
+        return view
+    }
+
+    private func typeQueries(_ type: String) -> TypeQueries {
+        if let t = queries.types[type] { return t }
+        let t = TypeQueries()
+        let prefix = type + ":"
+        for id in store.entities.keys where id.hasPrefix(prefix) { t.entities.insert(id) }
+        queries.types[type] = t
+        return t
+    }
+
+    private func ensureValueIndex(_ tq: TypeQueries, _ path: QueryPath) {
+        let pk = Self.pathKey(path)
+        guard tq.entitiesByValue[pk] == nil else { return }
+        var byValue: [String: Set<String>] = [:]
+        var keys: [String: String] = [:]
+        for id in tq.entities {
+            guard let v = store.entity(id), let x = QueryEval.value(v, path), let k = QueryEval.indexKey(x) else { continue }
+            byValue[k, default: []].insert(id)
+            keys[id] = k
+        }
+        tq.entitiesByValue[pk] = byValue
+        tq.valueOf[pk] = keys
+    }
+
+    /// A view lost its last subscriber: unfile it and forget its members.
+    func dropQueryView(_ view: QueryView) {
+        queries.views[view.key] = nil
+        for id in view.members.keys {
+            if var list = queries.memberOf[id] {
+                list.removeAll { $0 === view }
+                queries.memberOf[id] = list.isEmpty ? nil : list
+            }
+        }
+        view.dropAll()
+        guard let tq = queries.types[view.spec.type] else { return }
+        if let idx = view.index {
+            let pk = Self.pathKey(idx.path)
+            for vk in idx.values {
+                tq.byValue[pk]?[vk]?.removeAll { $0 === view }
+                if tq.byValue[pk]?[vk]?.isEmpty == true { tq.byValue[pk]?[vk] = nil }
+            }
+            let left = (tq.paths[pk]?.views ?? 1) - 1
+            if left == 0 {
+                tq.paths[pk] = nil
+                tq.byValue[pk] = nil
+                tq.entitiesByValue[pk] = nil
+                tq.valueOf[pk] = nil
+            } else {
+                tq.paths[pk]?.views = left
+            }
+        } else {
+            tq.unindexed.removeAll { $0 === view }
+        }
+        tq.viewCount -= 1
+        if tq.viewCount == 0 { queries.types[view.spec.type] = nil }
+    }
+
+    /// The current window's values.
+    func queryItems(_ view: QueryView) -> [JSON] {
+        view.windowIDs().map { store.entity($0) ?? .null }
+    }
+
+    /// `get` with a query: answered from a shared view when one exists, else
+    /// from a view built for this read and dropped at once.
+    func readQuery(_ spec: QuerySpec) -> (items: [JSON], count: Int) {
+        if let v = queries.views[spec.canonicalKey] { return (queryItems(v), v.count) }
+        let view = queryView(spec)
+        let result = (queryItems(view), view.count)
+        dropQueryView(view)
+        return result
+    }
+
+    // MARK: Maintenance
+
+    /// Hands every changed entity of a queried type to the views it can
+    /// affect, in a fixed order; returns the views that changed, ordered by
+    /// definition, with their changes.
+    func updateQueries(_ change: StoreChange) -> [(QueryView, [CollectionChange])] {
+        guard !queries.types.isEmpty else { return [] }
+        var changed: [String] = []
+        for id in change.valueChanged where queries.types[Tree.type(of: id)] != nil { changed.append(id) }
+        for id in change.deleted where !change.valueChanged.contains(id) && queries.types[Tree.type(of: id)] != nil {
+            changed.append(id)
+        }
+        guard !changed.isEmpty else { return [] }
+        if changed.count > 1 { changed.sort { QueryEval.compareStrings($0, $1) < 0 } }
+        var touched: [QueryView] = []
+        let current: (String) -> JSON? = { self.store.entity($0) }
+        for id in changed {
+            let tq = queries.types[Tree.type(of: id)]!
+            let value = store.entity(id)
+            // Written back to what it was (within a batch): nothing to do.
+            if store.valueBeforeMutation(id) == (value ?? .null) { continue }
+            // The type's entity set and value indexes.
+            if value != nil { tq.entities.insert(id) } else { tq.entities.remove(id) }
+            for (pk, entry) in tq.paths {
+                let newKey = value.flatMap { QueryEval.value($0, entry.path) }.flatMap(QueryEval.indexKey)
+                let oldKey = tq.valueOf[pk]?[id]
+                if oldKey != newKey {
+                    if let oldKey { tq.entitiesByValue[pk]?[oldKey]?.remove(id) }
+                    if let newKey { tq.entitiesByValue[pk]?[newKey, default: []].insert(id) }
+                    tq.valueOf[pk]?[id] = newKey
+                }
+            }
+            // Candidates: where it is, where its new value may put it, and the unindexed.
+            var candidates: [QueryView] = queries.memberOf[id] ?? []
+            if let value {
+                for (pk, entry) in tq.paths {
+                    guard let x = QueryEval.value(value, entry.path), let vk = QueryEval.indexKey(x),
+                          let views = tq.byValue[pk]?[vk] else { continue }
+                    candidates.append(contentsOf: views)
+                }
+            }
+            candidates.append(contentsOf: tq.unindexed)
+            if candidates.isEmpty { continue }
+            var seen: Set<ObjectIdentifier> = []
+            var members: [QueryView] = []
+            for view in candidates where seen.insert(ObjectIdentifier(view)).inserted {
+                if !view.touched { touched.append(view) }
+                if view.apply(id, value: value, current: current) { members.append(view) }
+            }
+            // memberOf: the views it is in now (candidates include every view it was in).
+            var keep = queries.memberOf[id]?.filter { !seen.contains(ObjectIdentifier($0)) } ?? []
+            keep.append(contentsOf: members)
+            queries.memberOf[id] = keep.isEmpty ? nil : keep
+        }
+        touched.sort { $0.key < $1.key }
+        var out: [(QueryView, [CollectionChange])] = []
+        for view in touched {
+            if let changes = view.takeChanges(current: current) { out.append((view, changes)) }
+        }
+        return out
+    }
+
+    /// Queues one mutation's query events (serial part of rendering).
+    func sendQueryEvents(_ list: [(QueryView, [CollectionChange])], seq: Int, context: JSON?) {
+        for (view, changes) in list {
+            var w = JSONWriter(capacity: 128)
+            writeQueryBody(&w, changes: changes, count: view.count, context: context)
+            let payload = OutputBytes(w.bytes)
+            // `origin` does not suppress query events (§3.1): no origins here.
+            view.forEach { s in
+                if let p = s.pause {
+                    p.changed = true
+                    p.context = context
+                    noteHeldBack(s, p)
+                    return
+                }
+                s.client.output.write { eventHeader(&$0, "query", s, seq) }
+                s.client.output.append(shared: payload)
+                markDirty(s.client)
+            }
+        }
+    }
+
+    /// `,"changes":[…],"count":n[,"context":…]}\n`
+    func writeQueryBody(_ w: inout JSONWriter, changes: [CollectionChange], count: Int, context: JSON?) {
+        w.raw(",\"changes\":")
+        writeChanges(&w, changes)
+        w.raw(",\"count\":")
+        w.int(count)
+        writeContextAndEnd(&w, context)
+    }
+
+    /// Every query view ends (clear): their subscriptions are ended by the caller.
+    func clearQueries() {
+        for v in queries.views.values { v.dropAll(); v.removeAll() }
+        queries.views = [:]
+        queries.types = [:]
+        queries.memberOf = [:]
+    }
+}

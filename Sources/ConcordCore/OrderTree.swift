@@ -1,0 +1,205 @@
+import ConcordJSON
+
+/// An order-statistic tree: a treap whose nodes know their subtree sizes, in
+/// flat arrays (32-bit links, no object per node). Insert, remove, rank and
+/// select are O(log n) expected; priorities come from a fixed hash of the
+/// identity, so the shape (and every result) is the same on every run.
+///
+/// Elements are (sort values, identity); `less` orders them and must be a
+/// strict total order (the identity breaks ties, so no two elements are equal).
+struct OrderTree {
+    struct Element {
+        var values: [JSON?]
+        var id: String
+    }
+
+    private var elements: [Element] = []
+    private var left: [Int32] = []
+    private var right: [Int32] = []
+    private var size: [Int32] = []
+    private var priority: [UInt32] = []
+    private var free: [Int32] = []
+    private var root: Int32 = -1
+    let less: (Element, Element) -> Bool
+
+    init(less: @escaping (Element, Element) -> Bool) { self.less = less }
+
+    var count: Int { root < 0 ? 0 : Int(size[Int(root)]) }
+
+    private func sz(_ n: Int32) -> Int32 { n < 0 ? 0 : size[Int(n)] }
+
+    private mutating func update(_ n: Int32) {
+        size[Int(n)] = 1 + sz(left[Int(n)]) + sz(right[Int(n)])
+    }
+
+    /// FNV-1a of the identity's bytes, mixed.
+    private static func hash(_ id: String) -> UInt32 {
+        var h: UInt32 = 2_166_136_261
+        for b in id.utf8 { h = (h ^ UInt32(b)) &* 16_777_619 }
+        h ^= h >> 15
+        h = h &* 0x2C1B_3C6D
+        h ^= h >> 12
+        return h
+    }
+
+    private mutating func newNode(_ e: Element) -> Int32 {
+        if let n = free.popLast() {
+            elements[Int(n)] = e
+            left[Int(n)] = -1
+            right[Int(n)] = -1
+            size[Int(n)] = 1
+            priority[Int(n)] = Self.hash(e.id)
+            return n
+        }
+        elements.append(e)
+        left.append(-1)
+        right.append(-1)
+        size.append(1)
+        priority.append(Self.hash(e.id))
+        return Int32(elements.count - 1)
+    }
+
+    /// Splits `n` into (< e, ≥ e).
+    private mutating func split(_ n: Int32, _ e: Element) -> (Int32, Int32) {
+        if n < 0 { return (-1, -1) }
+        if less(elements[Int(n)], e) {
+            let (a, b) = split(right[Int(n)], e)
+            right[Int(n)] = a
+            update(n)
+            return (n, b)
+        } else {
+            let (a, b) = split(left[Int(n)], e)
+            left[Int(n)] = b
+            update(n)
+            return (a, n)
+        }
+    }
+
+    private mutating func merge(_ a: Int32, _ b: Int32) -> Int32 {
+        if a < 0 { return b }
+        if b < 0 { return a }
+        if priority[Int(a)] > priority[Int(b)] {
+            right[Int(a)] = merge(right[Int(a)], b)
+            update(a)
+            return a
+        } else {
+            left[Int(b)] = merge(a, left[Int(b)])
+            update(b)
+            return b
+        }
+    }
+
+    /// Inserts `e` (not present) and returns its position.
+    @discardableResult
+    mutating func insert(_ e: Element) -> Int {
+        let (a, b) = split(root, e)
+        let pos = Int(sz(a))
+        root = merge(merge(a, newNode(e)), b)
+        return pos
+    }
+
+    /// Removes `e` (present) and returns the position it had.
+    @discardableResult
+    mutating func remove(_ e: Element) -> Int {
+        let pos = rank(e)
+        root = removeNode(root, e)
+        return pos
+    }
+
+    private mutating func removeNode(_ n: Int32, _ e: Element) -> Int32 {
+        if n < 0 { return -1 }
+        let x = elements[Int(n)]
+        if less(e, x) {
+            left[Int(n)] = removeNode(left[Int(n)], e)
+        } else if less(x, e) {
+            right[Int(n)] = removeNode(right[Int(n)], e)
+        } else {
+            let m = merge(left[Int(n)], right[Int(n)])
+            elements[Int(n)] = Element(values: [], id: "")
+            free.append(n)
+            return m
+        }
+        update(n)
+        return n
+    }
+
+    /// How many elements precede `e`.
+    func rank(_ e: Element) -> Int {
+        var n = root
+        var r = 0
+        while n >= 0 {
+            let x = elements[Int(n)]
+            if less(x, e) {
+                r += Int(sz(left[Int(n)])) + 1
+                n = right[Int(n)]
+            } else if less(e, x) {
+                n = left[Int(n)]
+            } else {
+                return r + Int(sz(left[Int(n)]))
+            }
+        }
+        return r
+    }
+
+    /// The element at `position` (0 ..< count).
+    func select(_ position: Int) -> Element {
+        var n = root
+        var p = Int32(position)
+        while n >= 0 {
+            let l = sz(left[Int(n)])
+            if p < l {
+                n = left[Int(n)]
+            } else if p == l {
+                return elements[Int(n)]
+            } else {
+                p -= l + 1
+                n = right[Int(n)]
+            }
+        }
+        preconditionFailure("OrderTree.select(\(position)) out of 0..<\(count)")
+    }
+
+    /// The identities at positions `range` (clamped), in order: O(log n + k).
+    func ids(_ range: Range<Int>) -> [String] {
+        let lo = max(0, range.lowerBound), hi = min(count, range.upperBound)
+        guard lo < hi else { return [] }
+        var out: [String] = []
+        out.reserveCapacity(hi - lo)
+        // In-order walk from `lo`, with an explicit stack.
+        var stack: [Int32] = []
+        var n = root
+        var skip = Int32(lo)
+        while n >= 0 {
+            let l = sz(left[Int(n)])
+            if skip < l {
+                stack.append(n)
+                n = left[Int(n)]
+            } else if skip == l {
+                stack.append(n)
+                break
+            } else {
+                skip -= l + 1
+                n = right[Int(n)]
+            }
+        }
+        while out.count < hi - lo, let top = stack.popLast() {
+            out.append(elements[Int(top)].id)
+            var m = right[Int(top)]
+            while m >= 0 {
+                stack.append(m)
+                m = left[Int(m)]
+            }
+        }
+        return out
+    }
+
+    mutating func removeAll() {
+        elements = []
+        left = []
+        right = []
+        size = []
+        priority = []
+        free = []
+        root = -1
+    }
+}

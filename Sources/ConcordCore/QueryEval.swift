@@ -1,0 +1,157 @@
+import ConcordJSON
+import ConcordProtocol
+
+/// Evaluating queries on materialized values (PROTOCOL.md §3.1).
+enum QueryEval {
+    /// The value at `path`, reading through objects only (nested entities are
+    /// materialized in the stored value); nil when a member is missing or a
+    /// step is not an object.
+    static func value(_ v: JSON, _ path: QueryPath) -> JSON? {
+        var cur = v
+        for name in path {
+            guard case .object(let o) = cur, let next = o[name] else { return nil }
+            cur = next
+        }
+        return cur
+    }
+
+    /// Strings by code point: UTF-8 byte order is code point order.
+    static func compareStrings(_ a: String, _ b: String) -> Int {
+        if a == b, a.utf8.elementsEqual(b.utf8) { return 0 }
+        var ia = a.utf8.makeIterator(), ib = b.utf8.makeIterator()
+        while true {
+            switch (ia.next(), ib.next()) {
+            case (nil, nil): return 0
+            case (nil, _): return -1
+            case (_, nil): return 1
+            case let (x?, y?): if x != y { return x < y ? -1 : 1 }
+            }
+        }
+    }
+
+    /// The rank of a value's kind: missing < null < false < true < numbers < strings < arrays < objects.
+    private static func kindRank(_ v: JSON?) -> Int {
+        guard let v else { return 0 }
+        switch v {
+        case .null: return 1
+        case .bool(let b): return b ? 3 : 2
+        case .number: return 4
+        case .string: return 5
+        case .array: return 6
+        case .object: return 7
+        }
+    }
+
+    /// The order of §3.1: -1, 0 or 1. Arrays element by element (a prefix
+    /// first); objects all rank equal.
+    static func compare(_ a: JSON?, _ b: JSON?) -> Int {
+        let ka = kindRank(a), kb = kindRank(b)
+        if ka != kb { return ka < kb ? -1 : 1 }
+        switch (a, b) {
+        case let (.number(x)?, .number(y)?): return x.compareByValue(y)
+        case let (.string(x)?, .string(y)?): return compareStrings(x, y)
+        case let (.array(x)?, .array(y)?):
+            for i in 0..<min(x.count, y.count) {
+                let c = compare(x[i], y[i])
+                if c != 0 { return c }
+            }
+            return x.count == y.count ? 0 : (x.count < y.count ? -1 : 1)
+        default:
+            return 0
+        }
+    }
+
+    /// Whether `v` satisfies `c`.
+    static func matches(_ v: JSON, _ c: QueryCondition) -> Bool {
+        switch c {
+        case .compare(let path, let op, let arg):
+            let x = value(v, path)
+            switch op {
+            case .eq: return x.map { $0 == arg } ?? false
+            case .ne: return x.map { !($0 == arg) } ?? true
+            case .lt, .lte, .gt, .gte:
+                guard let x, let r = ordered(x, arg) else { return false }
+                switch op {
+                case .lt: return r < 0
+                case .lte: return r <= 0
+                case .gt: return r > 0
+                default: return r >= 0
+                }
+            }
+        case .oneOf(let path, let list):
+            guard let x = value(v, path) else { return false }
+            return list.contains { $0 == x }
+        case .exists(let path, let want):
+            return (value(v, path) != nil) == want
+        case .contains(let path, let arg):
+            guard case .array(let list)? = value(v, path) else { return false }
+            return list.contains { $0 == arg }
+        case .prefix(let path, let p):
+            guard case .string(let s)? = value(v, path) else { return false }
+            return s.utf8.starts(with: p.utf8)
+        case .all(let list):
+            return list.allSatisfy { matches(v, $0) }
+        case .any(let list):
+            return list.contains { matches(v, $0) }
+        case .not(let inner):
+            return !matches(v, inner)
+        }
+    }
+
+    /// Order between two numbers or two strings; nil for any other pair.
+    private static func ordered(_ a: JSON, _ b: JSON) -> Int? {
+        switch (a, b) {
+        case let (.number(x), .number(y)): return x.compareByValue(y)
+        case let (.string(x), .string(y)): return compareStrings(x, y)
+        default: return nil
+        }
+    }
+
+    /// The text an equality index files a scalar under (numbers by value:
+    /// integers canonically); nil for arrays and objects, which are not indexed.
+    static func indexKey(_ v: JSON) -> String? {
+        switch v {
+        case .null: return "n"
+        case .bool(let b): return b ? "t" : "f"
+        case .string(let s): return "s" + s
+        case .number(let n):
+            if let t = n.integerText { return "i" + t }
+            // Other spellings by exact value: 1.0 and 1e0 file with 1, 1.50 with 1.5.
+            return Decimal10Key.text(n.text)
+        case .array, .object: return nil
+        }
+    }
+}
+
+/// A canonical text for a number by its exact value: `i<integer>` when the
+/// value is an integer (1.0, 1e2), else `d<digits>e<exponent>` with no
+/// leading or trailing zeros (1.50e1 and 15.0 give one text).
+enum Decimal10Key {
+    static func text(_ lexeme: String) -> String {
+        var neg = false, mantissa: [UInt8] = [], shift = 0, exp = 0, seenPoint = false, inExp = false, expNeg = false
+        for u in lexeme.utf8 {
+            switch u {
+            case UInt8(ascii: "-"): if inExp { expNeg = true } else { neg = true }
+            case UInt8(ascii: "+"): break
+            case UInt8(ascii: "."): seenPoint = true
+            case UInt8(ascii: "e"), UInt8(ascii: "E"): inExp = true
+            default:
+                let d = u &- UInt8(ascii: "0")
+                if inExp { if exp < 1_000_000_000 { exp = exp * 10 + Int(d) } } else {
+                    mantissa.append(d)
+                    if seenPoint { shift += 1 }
+                }
+            }
+        }
+        if expNeg { exp = -exp }
+        var start = 0
+        while start < mantissa.count && mantissa[start] == 0 { start += 1 }
+        var end = mantissa.count, trailing = 0
+        while end > start && mantissa[end - 1] == 0 { end -= 1; trailing += 1 }
+        if start == end { return "i0" }
+        let digits = String(decoding: mantissa[start..<end].map { $0 + UInt8(ascii: "0") }, as: UTF8.self)
+        let e = exp - shift + trailing
+        if e >= 0 && e < 40 { return "i" + (neg ? "-" : "") + digits + String(repeating: "0", count: e) }
+        return "d" + (neg ? "-" : "") + digits + "e" + String(e)
+    }
+}

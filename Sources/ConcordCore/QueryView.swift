@@ -1,0 +1,216 @@
+import ConcordJSON
+import ConcordProtocol
+
+/// All `query` subscriptions with one definition share one view
+/// (PROTOCOL.md §3.1): every matching entity of the type, ordered, in an
+/// ``OrderTree``; the window is positions `offset ..< offset + limit` of it.
+///
+/// A mutation hands the view each changed entity of its type in turn
+/// (``apply(_:value:current:)``): the view moves it in the tree in O(log n)
+/// and writes the window changes that take the previous window to the new
+/// one — at most one `remove` and one `insert` for an entity that moves,
+/// plus the refill of a window that lost an item. Changes of one mutation
+/// accumulate in `pending` and become one event.
+final class QueryView: SharedView {
+    let key: String
+    let spec: QuerySpec
+    var tree: OrderTree
+    /// Each member's identity → its sort values as filed in the tree.
+    var members: [String: [JSON?]] = [:]
+    /// Window changes of the mutation being rendered, and the count before it.
+    var pending: [CollectionChange] = []
+    var countBefore = 0
+    var touched = false
+    /// How this view is found by an update (Engine+Queries: the equality index).
+    var index: QueryIndexKey?
+
+    init(key: String, spec: QuerySpec) {
+        self.key = key
+        self.spec = spec
+        let order = spec.order
+        tree = OrderTree { a, b in
+            for i in order.indices {
+                var c = QueryEval.compare(a.values[i], b.values[i])
+                if order[i].descending { c = -c }
+                if c != 0 { return c < 0 }
+            }
+            return QueryEval.compareStrings(a.id, b.id) < 0
+        }
+    }
+
+    var count: Int { tree.count }
+
+    /// Window size for a list of `total` matches.
+    func windowSize(_ total: Int) -> Int {
+        let rest = max(0, total - spec.offset)
+        if let limit = spec.limit { return min(limit, rest) }
+        return rest
+    }
+
+    func windowIDs() -> [String] {
+        let start = spec.offset
+        return tree.ids(start ..< start + windowSize(tree.count))
+    }
+
+    func matches(_ value: JSON) -> Bool {
+        guard let c = spec.condition else { return true }
+        return QueryEval.matches(value, c)
+    }
+
+    func sortValues(_ value: JSON) -> [JSON?] { spec.order.map { QueryEval.value(value, $0.path) } }
+
+    /// Files an entity without producing changes (building the view).
+    func add(_ id: String, _ value: JSON) {
+        guard matches(value) else { return }
+        let values = sortValues(value)
+        members[id] = values
+        tree.insert(.init(values: values, id: id))
+    }
+
+    /// Removes an entity without producing changes (the view is being dropped).
+    func dropAll() {
+        members = [:]
+        tree.removeAll()
+        pending = []
+    }
+
+    private func sameValues(_ a: [JSON?], _ b: [JSON?]) -> Bool {
+        for i in a.indices where QueryEval.compare(a[i], b[i]) != 0 { return false }
+        return true
+    }
+
+    /// Re-files one entity after a change (`value` nil: it is gone) and
+    /// appends the window changes. `current` reads an entity's current value.
+    /// Returns true when the entity is a member afterwards.
+    @discardableResult
+    func apply(_ id: String, value: JSON?, current: (String) -> JSON?) -> Bool {
+        if !touched {
+            touched = true
+            countBefore = tree.count
+        }
+        let old = members[id]
+        let isMember = value.map(matches) ?? false
+        guard old != nil || isMember else { return false }
+        let k = spec.offset
+        let n = tree.count
+        func item(_ pos: Int) -> JSON { current(tree.select(pos).id) ?? .null }
+        func insert(_ i: Int, _ v: JSON) { pending.append(.insert(index: i, items: [v])) }
+        func remove(_ i: Int) { pending.append(.remove(index: i, count: 1)) }
+
+        switch (old, isMember) {
+        case (let ov?, true):
+            let v = value!
+            let nv = sortValues(v)
+            let m = windowSize(n)
+            if sameValues(ov, nv) {
+                let r = tree.rank(.init(values: ov, id: id)) - k
+                members[id] = nv
+                if r >= 0 && r < m { pending.append(.update(index: r, item: v)) }
+                return true
+            }
+            let rOld = tree.remove(.init(values: ov, id: id))
+            let rNew = tree.insert(.init(values: nv, id: id))
+            members[id] = nv
+            let i = rOld - k, j = rNew - k
+            let inOld = i >= 0 && i < m, inNew = j >= 0 && j < m
+            if rOld == rNew {
+                if inOld { pending.append(.update(index: i, item: v)) }
+            } else if inOld && inNew {
+                remove(i)
+                insert(j, v)
+            } else if inOld {
+                remove(i)
+                if j >= m { insert(m - 1, item(k + m - 1)) } else { insert(0, item(k)) }
+            } else if inNew {
+                if i < 0 {
+                    remove(0)
+                    insert(j, v)
+                } else {
+                    insert(j, v)
+                    remove(m)
+                }
+            } else if i < 0 && j >= m && m > 0 {
+                remove(0)
+                insert(m - 1, item(k + m - 1))
+            } else if i >= m && j < 0 && m > 0 {
+                insert(0, item(k))
+                remove(m)
+            }
+            return true
+        case (nil, true):
+            let v = value!
+            let nv = sortValues(v)
+            let rNew = tree.insert(.init(values: nv, id: id))
+            members[id] = nv
+            let before = windowSize(n), after = windowSize(n + 1)
+            let full = spec.limit.map { before == $0 } ?? false
+            let j = rNew - k
+            if j < 0 {
+                if after > 0 {
+                    insert(0, item(k))
+                    if full { remove(before) }
+                }
+            } else if j < after {
+                insert(j, v)
+                if full { remove(before) }
+            }
+            return true
+        case (let ov?, false):
+            let rOld = tree.remove(.init(values: ov, id: id))
+            members[id] = nil
+            let before = windowSize(n), after = windowSize(n - 1)
+            let i = rOld - k
+            if i < before && before > 0 {
+                remove(max(i, 0))
+                if after == before { insert(after - 1, item(k + after - 1)) }
+            }
+            return false
+        case (nil, false):
+            return false
+        }
+    }
+
+    /// The changes of the mutation, shortened to one `reset` when that is
+    /// smaller (a limited window that changed more than its size); nil when
+    /// neither the window nor the count changed.
+    func takeChanges(current: (String) -> JSON?) -> [CollectionChange]? {
+        defer {
+            pending = []
+            touched = false
+        }
+        guard touched, !pending.isEmpty || tree.count != countBefore else { return nil }
+        if let limit = spec.limit, pending.count > limit {
+            return [.reset(items: windowIDs().map { current($0) ?? .null })]
+        }
+        return pending
+    }
+}
+
+/// How a query view is filed for updates: by the value at one path (an
+/// equality or `in` condition the query cannot match without), or not at all.
+struct QueryIndexKey {
+    var path: QueryPath
+    var values: [String]
+
+    /// The first indexable condition: `eq` or `in` on scalars, at the top or
+    /// directly under `all`.
+    static func of(_ c: QueryCondition?) -> QueryIndexKey? {
+        guard let c else { return nil }
+        switch c {
+        case .compare(let p, .eq, let v):
+            return QueryEval.indexKey(v).map { QueryIndexKey(path: p, values: [$0]) }
+        case .oneOf(let p, let list):
+            var keys: [String] = []
+            for v in list {
+                guard let k = QueryEval.indexKey(v) else { return nil }
+                if !keys.contains(k) { keys.append(k) }
+            }
+            return keys.isEmpty ? nil : QueryIndexKey(path: p, values: keys)
+        case .all(let list):
+            for sub in list { if let k = of(sub) { return k } }
+            return nil
+        default:
+            return nil
+        }
+    }
+}

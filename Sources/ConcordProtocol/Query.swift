@@ -1,0 +1,219 @@
+public import ConcordJSON
+
+/// A live query (PROTOCOL.md §3.1): the entities of one type whose current
+/// value satisfies `condition`, sorted by `order` then by identity, with the
+/// window `offset ..< offset + limit`.
+public struct QuerySpec: Sendable {
+    public var type: String
+    public var condition: QueryCondition?
+    public var order: [QueryOrderKey]
+    public var offset: Int
+    /// nil: no limit.
+    public var limit: Int?
+
+    public init(type: String, condition: QueryCondition? = nil, order: [QueryOrderKey] = [], offset: Int = 0, limit: Int? = nil) {
+        self.type = type
+        self.condition = condition
+        self.order = order
+        self.offset = offset
+        self.limit = limit
+    }
+
+    /// One text per definition: queries with equal definitions share one
+    /// view in the server. Paths are written as arrays, numbers canonically.
+    public var canonicalKey: String {
+        var o = JSONObject()
+        o["type"] = .string(type)
+        if let condition { o["where"] = condition.canonicalJSON }
+        o["order"] = .array(order.map { k in
+            var ko = JSONObject()
+            ko["path"] = .array(k.path.map { .string($0) })
+            if k.descending { ko["desc"] = .bool(true) }
+            return .object(ko)
+        })
+        o["offset"] = .int(offset)
+        if let limit { o["limit"] = .int(limit) }
+        return JSON.object(o).compactString
+    }
+}
+
+/// A member path: names, read through nested objects (and so through nested entities).
+public typealias QueryPath = [String]
+
+public indirect enum QueryCondition: Sendable {
+    public enum Comparison: String, Sendable, CaseIterable {
+        case eq, ne, lt, lte, gt, gte
+    }
+
+    case compare(QueryPath, Comparison, JSON)
+    case oneOf(QueryPath, [JSON])
+    case exists(QueryPath, Bool)
+    case contains(QueryPath, JSON)
+    case prefix(QueryPath, String)
+    case all([QueryCondition])
+    case any([QueryCondition])
+    case not(QueryCondition)
+
+    var canonicalJSON: JSON {
+        func leaf(_ path: QueryPath, _ op: String, _ v: JSON) -> JSON {
+            var o = JSONObject()
+            o["path"] = .array(path.map { .string($0) })
+            o[op] = v.canonicalForKey
+            return .object(o)
+        }
+        switch self {
+        case .compare(let p, let op, let v): return leaf(p, op.rawValue, v)
+        case .oneOf(let p, let list): return leaf(p, "in", .array(list))
+        case .exists(let p, let b): return leaf(p, "exists", .bool(b))
+        case .contains(let p, let v): return leaf(p, "contains", v)
+        case .prefix(let p, let s): return leaf(p, "prefix", .string(s))
+        case .all(let list): return ["all": .array(list.map(\.canonicalJSON))]
+        case .any(let list): return ["any": .array(list.map(\.canonicalJSON))]
+        case .not(let c): return ["not": c.canonicalJSON]
+        }
+    }
+}
+
+public struct QueryOrderKey: Sendable {
+    public var path: QueryPath
+    public var descending: Bool
+
+    public init(path: QueryPath, descending: Bool = false) {
+        self.path = path
+        self.descending = descending
+    }
+}
+
+extension JSON {
+    /// The same value with integers in their canonical spelling (`-0` → `0`),
+    /// so equal definitions give equal keys.
+    var canonicalForKey: JSON {
+        switch self {
+        case .number(let n):
+            if let t = n.integerText { return .number(JSONNumber(unchecked: t)) }
+            return self
+        case .array(let a): return .array(a.map(\.canonicalForKey))
+        case .object(let o): return .object(JSONObject(o.members.map { .init(key: $0.key, value: $0.value.canonicalForKey) }))
+        default: return self
+        }
+    }
+}
+
+// MARK: Decoding
+
+extension QuerySpec {
+    static let operators = ["eq", "ne", "lt", "lte", "gt", "gte", "in", "exists", "contains", "prefix"]
+
+    /// Decodes the `query` member of `subscribe` or `get`. Errors are
+    /// `bad_request` with a message naming the place (`query.where.all[1]: …`).
+    public static func decode(_ value: JSON, at place: String = "query") throws(ProtocolError) -> QuerySpec {
+        guard case .object(let o) = value else { throw ProtocolError(.badRequest, "\(place) must be an object") }
+        guard let t = o["type"], !t.isNull else { throw ProtocolError(.badRequest, "\(place).type is missing (the type of the entities to list)") }
+        guard case .string(let type) = t, !type.isEmpty else {
+            throw ProtocolError(.badRequest, "\(place).type must be a non-empty string")
+        }
+        var spec = QuerySpec(type: type)
+        if let w = o["where"], !w.isNull { spec.condition = try decodeCondition(w, at: "\(place).where") }
+        if let ord = o["order"], !ord.isNull {
+            guard case .array(let list) = ord else { throw ProtocolError(.badRequest, "\(place).order must be an array of {\"path\":…,\"desc\":…}") }
+            for (i, k) in list.enumerated() {
+                let at = "\(place).order[\(i)]"
+                guard case .object(let ko) = k else { throw ProtocolError(.badRequest, "\(at) must be an object {\"path\":…,\"desc\":…}") }
+                for m in ko.members where m.key != "path" && m.key != "desc" {
+                    throw ProtocolError(.badRequest, "\(at): unknown member '\(clip(m.key))' (an order key has 'path' and 'desc')")
+                }
+                guard let p = ko["path"] else { throw ProtocolError(.badRequest, "\(at).path is missing") }
+                var key = QueryOrderKey(path: try decodePath(p, at: "\(at).path"))
+                if let d = ko["desc"], !d.isNull {
+                    guard case .bool(let b) = d else { throw ProtocolError(.badRequest, "\(at).desc must be true or false") }
+                    key.descending = b
+                }
+                spec.order.append(key)
+            }
+        }
+        if let off = o["offset"], !off.isNull {
+            guard let n = off.numberValue?.intValue, n >= 0 else {
+                throw ProtocolError(.badRequest, "\(place).offset must be an integer ≥ 0")
+            }
+            spec.offset = n
+        }
+        if let lim = o["limit"], !lim.isNull {
+            guard let n = lim.numberValue?.intValue, n >= 1 else {
+                throw ProtocolError(.badRequest, "\(place).limit must be an integer ≥ 1")
+            }
+            spec.limit = n
+        }
+        return spec
+    }
+
+    static func decodePath(_ v: JSON, at place: String) throws(ProtocolError) -> QueryPath {
+        switch v {
+        case .string(let s):
+            let parts = s.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
+            if s.isEmpty || parts.contains(where: \.isEmpty) {
+                throw ProtocolError(.badRequest, "\(place): '\(clip(s))' is not a path (member names joined by '.', none empty)")
+            }
+            return parts
+        case .array(let list):
+            guard !list.isEmpty else { throw ProtocolError(.badRequest, "\(place): an array path needs at least one member name") }
+            var out: [String] = []
+            for (i, e) in list.enumerated() {
+                guard case .string(let s) = e, !s.isEmpty else {
+                    throw ProtocolError(.badRequest, "\(place)[\(i)] must be a non-empty member name")
+                }
+                out.append(s)
+            }
+            return out
+        default:
+            throw ProtocolError(.badRequest, "\(place) must be a string (\"a.b\") or an array of member names")
+        }
+    }
+
+    static func decodeCondition(_ v: JSON, at place: String) throws(ProtocolError) -> QueryCondition {
+        guard case .object(let o) = v else { throw ProtocolError(.badRequest, "\(place) must be a condition object") }
+        for combinator in ["all", "any"] {
+            guard let c = o[combinator] else { continue }
+            guard o.count == 1 else {
+                throw ProtocolError(.badRequest, "\(place): '\(combinator)' takes no other members")
+            }
+            guard case .array(let list) = c else { throw ProtocolError(.badRequest, "\(place).\(combinator) must be an array of conditions") }
+            var out: [QueryCondition] = []
+            for (i, e) in list.enumerated() { out.append(try decodeCondition(e, at: "\(place).\(combinator)[\(i)]")) }
+            return combinator == "all" ? .all(out) : .any(out)
+        }
+        if let c = o["not"] {
+            guard o.count == 1 else { throw ProtocolError(.badRequest, "\(place): 'not' takes no other members") }
+            return .not(try decodeCondition(c, at: "\(place).not"))
+        }
+        var op: String?
+        for m in o.members where m.key != "path" {
+            guard operators.contains(m.key) else {
+                throw ProtocolError(.badRequest, "\(place): unknown operator '\(clip(m.key))' (one of \(operators.joined(separator: ", ")), all, any, not)")
+            }
+            if let first = op, first != m.key {
+                throw ProtocolError(.badRequest, "\(place): two operators ('\(first)' and '\(m.key)'); use {\"all\":[…]} to combine")
+            }
+            op = m.key
+        }
+        guard let p = o["path"] else {
+            throw ProtocolError(.badRequest, "\(place): a condition needs 'path' and one operator, or one of all, any, not")
+        }
+        let path = try decodePath(p, at: "\(place).path")
+        guard let op, let arg = o[op] else { throw ProtocolError(.badRequest, "\(place): no operator (one of \(operators.joined(separator: ", ")))") }
+        switch op {
+        case "in":
+            guard case .array(let list) = arg else { throw ProtocolError(.badRequest, "\(place).in must be an array of values") }
+            return .oneOf(path, list)
+        case "exists":
+            guard case .bool(let b) = arg else { throw ProtocolError(.badRequest, "\(place).exists must be true or false") }
+            return .exists(path, b)
+        case "contains":
+            return .contains(path, arg)
+        case "prefix":
+            guard case .string(let s) = arg else { throw ProtocolError(.badRequest, "\(place).prefix must be a string") }
+            return .prefix(path, s)
+        default:
+            return .compare(path, QueryCondition.Comparison(rawValue: op)!, arg)
+        }
+    }
+}

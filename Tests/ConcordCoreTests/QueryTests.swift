@@ -1,0 +1,325 @@
+import ConcordJSON
+import ConcordProtocol
+import ConcordTestSupport
+import Testing
+
+@testable import ConcordCore
+
+/// Live queries (PROTOCOL.md §3.1).
+@Suite struct QueryTests {
+    /// Applies a query event's changes to a window, as a table view would.
+    static func apply(_ changes: [JSON], to list: inout [JSON]) {
+        for c in changes {
+            let i = c["index"]?.numberValue?.intValue ?? 0
+            switch c["op"]?.stringValue {
+            case "insert": list.insert(contentsOf: c["items"]?.arrayValue ?? [], at: i)
+            case "remove": list.removeSubrange(i ..< i + (c["count"]?.numberValue?.intValue ?? 1))
+            case "update": list[i] = c["item"] ?? .null
+            case "reset": list = c["items"]?.arrayValue ?? []
+            default: Issue.record("unknown change \(c.compactString)")
+            }
+        }
+    }
+
+    /// Posts 1–5 (dates 10…50) by Ann (Person:1: posts 1, 3, 5) and Bob (Person:2).
+    static func posts(_ h: EngineHarness, _ c: TestConn) {
+        for (i, author) in [(1, 1), (2, 2), (3, 1), (4, 2), (5, 1)] {
+            let name = author == 1 ? "Ann" : "Bob"
+            c.ok(#"{"op":"update","model":{"id":"Post:\#(i)","date":\#(i * 10),"author":{"id":"Person:\#(author)","name":"\#(name)"}}}"#)
+        }
+    }
+
+    @Test func subscribeAndGetShowTheWindowAndTheCount() {
+        let h = EngineHarness()
+        let c = h.connect()
+        Self.posts(h, c)
+        let q = #"{"type":"Post","where":{"path":"author.id","eq":"Person:1"},"order":[{"path":"date","desc":true}],"limit":2}"#
+        let r = c.ok(#"{"op":"subscribe","sub":"q","query":\#(q)}"#)
+        #expect(r["items"]?.arrayValue?.map { $0["id"] } == ["Post:5", "Post:3"])
+        #expect(r["count"] == .int(3))
+        #expect(r["seq"] == .int(5))
+        // Values are materialized: the author's current name is in the item.
+        #expect(r["items"]?.arrayValue?.first?["author"]?["name"] == "Ann")
+        let g = c.ok(#"{"op":"get","query":\#(q)}"#)
+        #expect(g["items"] == r["items"])
+        #expect(g["count"] == .int(3))
+        // Offset past the end: an empty window, the count still told.
+        let far = c.ok(#"{"op":"get","query":{"type":"Post","offset":10}}"#)
+        #expect(far["items"] == [])
+        #expect(far["count"] == .int(5))
+    }
+
+    @Test func aNestedEntityChangeMovesItems() {
+        let h = EngineHarness()
+        let c = h.connect()
+        Self.posts(h, c)
+        let r = c.ok(#"{"op":"subscribe","sub":"q","query":{"type":"Post","order":[{"path":"author.name"},{"path":"date"}]}}"#)
+        var window = r["items"]?.arrayValue ?? []
+        #expect(window.map { $0["id"] } == ["Post:1", "Post:3", "Post:5", "Post:2", "Post:4"])
+        _ = c.take()
+        // Renaming Bob to Aaron moves his posts before Ann's.
+        c.ok(#"{"op":"update","model":{"id":"Person:2","name":"Aaron"},"context":"rename"}"#)
+        let events = c.take()
+        #expect(events.count == 1)
+        #expect(events.first?["event"] == "query")
+        #expect(events.first?["context"] == "rename")
+        Self.apply(events.first?["changes"]?.arrayValue ?? [], to: &window)
+        #expect(window.map { $0["id"] } == ["Post:2", "Post:4", "Post:1", "Post:3", "Post:5"])
+        #expect(window.map { $0["author"]?["name"] } == ["Aaron", "Aaron", "Ann", "Ann", "Ann"])
+        #expect(window == c.ok(#"{"op":"get","query":{"type":"Post","order":[{"path":"author.name"},{"path":"date"}]}}"#)["items"]?.arrayValue)
+    }
+
+    @Test func aWindowRefillsAndShifts() {
+        let h = EngineHarness()
+        let c = h.connect()
+        Self.posts(h, c)
+        let r = c.ok(#"{"op":"subscribe","sub":"q","query":{"type":"Post","order":[{"path":"date"}],"offset":1,"limit":2}}"#)
+        var window = r["items"]?.arrayValue ?? []
+        #expect(window.map { $0["id"] } == ["Post:2", "Post:3"])
+        func step(_ line: String, _ expected: [String], count: Int, changes maxChanges: Int) -> Void {
+            c.ok(line)
+            let e = c.take()
+            #expect(e.count == 1, "\(line)")
+            let changes = e.first?["changes"]?.arrayValue ?? []
+            #expect(changes.count <= maxChanges, "\(line): \(changes.map(\.compactString))")
+            Self.apply(changes, to: &window)
+            #expect(window.map { $0["id"]?.stringValue ?? "?" } == expected, "\(line)")
+            #expect(e.first?["count"] == .int(count))
+        }
+        // A new first item shifts the window: one in front, one out at the end.
+        step(#"{"op":"update","model":{"id":"Post:0","date":0}}"#, ["Post:1", "Post:2"], count: 6, changes: 2)
+        // Leaving from inside the window: removed, refilled from behind.
+        step(#"{"op":"delete","id":"Post:2"}"#, ["Post:1", "Post:3"], count: 5, changes: 2)
+        // Moving from inside to behind the window.
+        step(#"{"op":"update","model":{"id":"Post:1","date":99}}"#, ["Post:3", "Post:4"], count: 5, changes: 2)
+        // An item behind the window changes: no event but the count... unchanged: none at all.
+        c.ok(#"{"op":"update","model":{"id":"Post:1","date":98}}"#)
+        #expect(c.take().isEmpty)
+        // In place: one update.
+        step(#"{"op":"update","model":{"id":"Post:3","date":30,"title":"x"}}"#, ["Post:3", "Post:4"], count: 5, changes: 1)
+        // Entering behind the window: the count changes, the window does not.
+        step(#"{"op":"update","model":{"id":"Post:7","date":1000}}"#, ["Post:3", "Post:4"], count: 6, changes: 0)
+    }
+
+    @Test func batchesGiveOneEventAndOriginDoesNotSuppress() {
+        let h = EngineHarness()
+        let c = h.connect()
+        Self.posts(h, c)
+        c.ok(#"{"op":"subscribe","sub":"q","query":{"type":"Post","order":[{"path":"date"}]}}"#)
+        _ = c.take()
+        c.ok(#"{"op":"batch","origin":"q","ops":[{"op":"update","model":{"id":"Post:9","date":1}},{"op":"delete","id":"Post:3"},{"op":"update","model":{"id":"Post:8","date":2}}]}"#)
+        let e = c.take()
+        #expect(e.count == 1)
+        #expect(e.first?["count"] == 6)
+    }
+
+    @Test func pauseResumeAndClear() {
+        let h = EngineHarness()
+        let c = h.connect()
+        Self.posts(h, c)
+        c.ok(#"{"op":"subscribe","sub":"q","query":{"type":"Post","order":[{"path":"date"}],"limit":2}}"#)
+        c.ok(#"{"op":"pause","sub":"q"}"#)
+        c.ok(#"{"op":"update","model":{"id":"Post:0","date":0}}"#, )
+        c.ok(#"{"op":"update","model":{"id":"Post:9","date":99},"context":"last"}"#)
+        #expect(c.take().isEmpty)
+        c.ok(#"{"op":"resume","sub":"q"}"#)
+        let e = c.take()
+        #expect(e.count == 1)
+        #expect(e.first?["changes"] == [["op": "reset", "items": .array(c.ok(#"{"op":"get","query":{"type":"Post","order":[{"path":"date"}],"limit":2}}"#)["items"]!.arrayValue!)]])
+        #expect(e.first?["count"] == 7)
+        #expect(e.first?["context"] == "last")
+        // Changes that cancel out send nothing on resume.
+        c.ok(#"{"op":"pause","sub":"q"}"#)
+        c.ok(#"{"op":"update","model":{"id":"Post:0","date":-1}}"#)
+        c.ok(#"{"op":"update","model":{"id":"Post:0","date":0}}"#)
+        c.ok(#"{"op":"resume","sub":"q"}"#)
+        #expect(c.take().isEmpty)
+        c.ok(#"{"op":"clear"}"#)
+        #expect(c.take().map { $0["event"] } == ["delete"])
+        #expect(h.engine.queries.views.isEmpty)
+        #expect(c.error(#"{"op":"unsubscribe","sub":"q"}"#) == "no_such_sub")
+    }
+
+    @Test func equalDefinitionsShareOneView() {
+        let h = EngineHarness()
+        let a = h.connect(), b = h.connect()
+        Self.posts(h, a)
+        a.ok(#"{"op":"subscribe","sub":"x","query":{"type":"Post","where":{"path":"author.id","eq":"Person:1"},"limit":5}}"#)
+        b.ok(#"{"op":"subscribe","sub":"y","query":{"limit":5,"where":{"eq":"Person:1","path":["author","id"]},"type":"Post"}}"#)
+        #expect(h.engine.queries.views.count == 1)
+        a.ok(#"{"op":"update","model":{"id":"Post:6","date":60,"author":{"id":"Person:1"}}}"#)
+        #expect(a.take().count == 1)
+        #expect(b.take().count == 1)
+        a.ok(#"{"op":"unsubscribe","sub":"x"}"#)
+        #expect(h.engine.queries.views.count == 1)
+        b.close()
+        #expect(h.engine.queries.views.isEmpty)
+        #expect(h.engine.queries.types.isEmpty)
+        #expect(h.engine.queries.memberOf.isEmpty)
+    }
+
+    @Test(arguments: [
+        (#"{"type":1}"#, "query.type"),
+        (#"{}"#, "query.type is missing"),
+        (#"{"type":"T","where":{"path":"a","foo":1}}"#, "unknown operator 'foo'"),
+        (#"{"type":"T","where":{"path":"a","eq":1,"ne":2}}"#, "two operators"),
+        (#"{"type":"T","where":{"eq":1}}"#, "needs 'path'"),
+        (#"{"type":"T","where":{"path":"a..b","eq":1}}"#, "query.where.path"),
+        (#"{"type":"T","where":{"path":[],"eq":1}}"#, "query.where.path"),
+        (#"{"type":"T","where":{"all":[{"path":"a","eq":1},{"path":"b","bogus":2}]}}"#, "query.where.all[1]"),
+        (#"{"type":"T","where":{"not":{"path":"a","in":3}}}"#, "query.where.not.in"),
+        (#"{"type":"T","where":{"path":"a","exists":1}}"#, "exists must be true or false"),
+        (#"{"type":"T","where":{"path":"a","prefix":1}}"#, "prefix must be a string"),
+        (#"{"type":"T","order":[{"path":"a","up":true}]}"#, "query.order[0]"),
+        (#"{"type":"T","order":{"path":"a"}}"#, "query.order must be an array"),
+        (#"{"type":"T","offset":-1}"#, "offset"),
+        (#"{"type":"T","limit":0}"#, "limit"),
+        (#"{"type":"T","limit":2.5}"#, "limit"),
+    ])
+    func malformedQueriesAreBadRequests(query: String, message: String) {
+        let h = EngineHarness()
+        let c = h.connect()
+        for line in [#"{"op":"subscribe","sub":"q","query":\#(query)}"#, #"{"op":"get","query":\#(query)}"#] {
+            let r = c.send(line)
+            #expect(r["error"]?["code"] == "bad_request", "\(line)")
+            #expect(r["error"]?["message"]?.stringValue?.contains(message) == true, "\(r.compactString)")
+        }
+    }
+
+    @Test func conditionsFollowTheContract() {
+        let h = EngineHarness()
+        let c = h.connect()
+        c.ok(#"{"op":"update","model":{"id":"T:1","n":1,"s":"apple","tags":["a","b"],"x":null}}"#)
+        c.ok(#"{"op":"update","model":{"id":"T:2","n":2.0,"s":"banana","tags":[]}}"#)
+        c.ok(#"{"op":"update","model":{"id":"T:3","n":"3","s":"apricot"}}"#)
+        func ids(_ cond: String) -> [String] {
+            c.ok(#"{"op":"get","query":{"type":"T","where":\#(cond)}}"#)["items"]?.arrayValue?.compactMap { $0["id"]?.stringValue } ?? []
+        }
+        #expect(ids(#"{"path":"n","eq":2}"#) == ["T:2"])               // numbers by value
+        #expect(ids(#"{"path":"n","ne":2}"#) == ["T:1", "T:3"])
+        #expect(ids(#"{"path":"n","gt":1}"#) == ["T:2"])               // "3" is a string: no order with a number
+        #expect(ids(#"{"path":"s","lt":"b"}"#) == ["T:1", "T:3"])
+        #expect(ids(#"{"path":"s","prefix":"ap"}"#) == ["T:1", "T:3"])
+        #expect(ids(#"{"path":"tags","contains":"b"}"#) == ["T:1"])
+        #expect(ids(#"{"path":"x","exists":true}"#) == ["T:1"])         // null is present
+        #expect(ids(#"{"path":"x","exists":false}"#) == ["T:2", "T:3"])
+        #expect(ids(#"{"path":"missing","ne":1}"#) == ["T:1", "T:2", "T:3"])
+        #expect(ids(#"{"path":"missing","lt":1}"#) == [])
+        #expect(ids(#"{"path":"n","in":[1,"3"]}"#) == ["T:1", "T:3"])
+        #expect(ids(#"{"any":[{"path":"n","eq":1},{"not":{"path":"s","prefix":"a"}}]}"#) == ["T:1", "T:2"])
+        // Order: missing < null < numbers < strings < arrays; identity breaks ties.
+        c.ok(#"{"op":"update","model":{"id":"T:4","k":[1,2]}}"#)
+        c.ok(#"{"op":"update","model":{"id":"T:5","k":null}}"#)
+        c.ok(#"{"op":"update","model":{"id":"T:6","k":[1]}}"#)
+        c.ok(#"{"op":"update","model":{"id":"T:7","k":"z"}}"#)
+        c.ok(#"{"op":"update","model":{"id":"T:8","k":10}}"#)
+        let order = c.ok(#"{"op":"get","query":{"type":"T","order":[{"path":"k"}]}}"#)["items"]?.arrayValue?.compactMap { $0["id"]?.stringValue }
+        #expect(order == ["T:1", "T:2", "T:3", "T:5", "T:8", "T:7", "T:6", "T:4"])
+    }
+
+    /// After every step of a random sequence of updates, merges, deletes,
+    /// batches and nested changes: each query subscription's window (its
+    /// subscribe answer with every event's changes applied) equals a naive
+    /// re-evaluation — filter, sort, slice — of every entity read back
+    /// with `get`, and its last count equals the number of matches.
+    @Test(arguments: [1, 2, 3, 4, 5, 6] as [UInt64])
+    func windowsEqualANaiveReevaluation(seed: UInt64) {
+        var rng = SeededRandom(seed: seed)
+        let h = EngineHarness()
+        let c = h.connect()
+        let w = h.connect()
+        struct Q {
+            let name: String
+            let text: String
+            let matches: (JSON) -> Bool
+            let key: (JSON) -> [JSON?]
+            let desc: [Bool]
+            let offset: Int
+            let limit: Int?
+        }
+        func at(_ v: JSON, _ path: [String]) -> JSON? {
+            var cur: JSON? = v
+            for p in path { cur = cur?.objectValue?[p] }
+            return cur
+        }
+        let defs: [Q] = [
+            Q(name: "byAuthor", text: #"{"type":"Post","where":{"path":"author.id","eq":"Person:1"},"order":[{"path":"date","desc":true}],"limit":3}"#,
+              matches: { at($0, ["author", "id"]) == "Person:1" }, key: { [at($0, ["date"])] }, desc: [true], offset: 0, limit: 3),
+            Q(name: "byName", text: #"{"type":"Post","order":[{"path":"author.name"},{"path":"date"}],"offset":2,"limit":4}"#,
+              matches: { _ in true }, key: { [at($0, ["author", "name"]), at($0, ["date"])] }, desc: [false, false], offset: 2, limit: 4),
+            Q(name: "recent", text: #"{"type":"Post","where":{"all":[{"path":"date","gte":3},{"path":"tag","in":["a","b"]}]},"order":[{"path":"tag"},{"path":"date","desc":true}]}"#,
+              matches: { v in
+                  guard case .number(let d)? = at(v, ["date"]), (Int(d.text) ?? -1) >= 3 else { return false }
+                  return at(v, ["tag"]) == "a" || at(v, ["tag"]) == "b"
+              }, key: { [at($0, ["tag"]), at($0, ["date"])] }, desc: [false, true], offset: 0, limit: nil),
+            Q(name: "noTag", text: #"{"type":"Post","where":{"not":{"path":"tag","exists":true}},"limit":2,"offset":1}"#,
+              matches: { at($0, ["tag"]) == nil }, key: { _ in [] }, desc: [], offset: 1, limit: 2),
+        ]
+        // Identity order of the reference: code points, as the contract says.
+        func less(_ q: Q, _ a: (String, JSON), _ b: (String, JSON)) -> Bool {
+            let ka = q.key(a.1), kb = q.key(b.1)
+            for i in ka.indices {
+                var r = QueryEval.compare(ka[i], kb[i])
+                if q.desc[i] { r = -r }
+                if r != 0 { return r < 0 }
+            }
+            return Array(a.0.utf8).lexicographicallyPrecedes(Array(b.0.utf8))
+        }
+        var windows: [String: [JSON]] = [:]
+        var counts: [String: Int] = [:]
+        func post(_ i: Int) -> String {
+            var members = [#""id":"Post:\#(i)""#]
+            if Bool.random(using: &rng) { members.append(#""date":\#(Int.random(in: 0..<6, using: &rng))"#) }
+            if Int.random(in: 0..<3, using: &rng) > 0 { members.append(#""tag":"\#(["a", "b", "c"].randomElement(using: &rng)!)""#) }
+            if Int.random(in: 0..<4, using: &rng) > 0 { members.append(#""author":{"id":"Person:\#(Int.random(in: 0..<3, using: &rng))"}"#) }
+            return "{" + members.joined(separator: ",") + "}"
+        }
+        func person(_ i: Int) -> String {
+            Bool.random(using: &rng) ? #"{"id":"Person:\#(i)","name":"\#(["Ann", "Bob", "Cy"].randomElement(using: &rng)!)"}"# : #"{"id":"Person:\#(i)"}"#
+        }
+        func randomOp() -> String {
+            switch Int.random(in: 0..<10, using: &rng) {
+            case 0, 1, 2, 3: return #"{"op":"update","model":\#(post(Int.random(in: 0..<12, using: &rng)))}"#
+            case 4: return #"{"op":"update","mode":"merge","model":\#(post(Int.random(in: 0..<12, using: &rng)))}"#
+            case 5, 6: return #"{"op":"update","model":\#(person(Int.random(in: 0..<3, using: &rng)))}"#
+            case 7: return #"{"op":"delete","id":"Post:\#(Int.random(in: 0..<12, using: &rng))"}"#
+            case 8: return #"{"op":"delete","id":"Person:\#(Int.random(in: 0..<3, using: &rng))"}"#
+            default:
+                let ops = (0..<Int.random(in: 2..<5, using: &rng)).map { _ -> String in
+                    Bool.random(using: &rng) ? #"{"op":"update","model":\#(post(Int.random(in: 0..<12, using: &rng)))}"#
+                                             : #"{"op":"update","model":\#(person(Int.random(in: 0..<3, using: &rng)))}"#
+                }
+                return #"{"op":"batch","ops":[\#(ops.joined(separator: ","))]}"#
+            }
+        }
+        for step in 0..<300 {
+            // Subscribe each query at a different moment (also to an existing state).
+            if step % 40 == 0, step / 40 < defs.count {
+                let q = defs[step / 40]
+                let r = c.ok(#"{"op":"subscribe","sub":"\#(q.name)","query":\#(q.text)}"#)
+                windows[q.name] = r["items"]?.arrayValue ?? []
+                counts[q.name] = r["count"]?.numberValue?.intValue ?? -1
+            }
+            w.ok(randomOp())
+            for e in c.take() {
+                guard let name = e["sub"]?.stringValue else { continue }
+                #expect(e["event"] == "query")
+                Self.apply(e["changes"]?.arrayValue ?? [], to: &windows[name, default: []])
+                counts[name] = e["count"]?.numberValue?.intValue ?? -1
+            }
+            // The reference: every post read back, filtered, sorted, sliced.
+            var all: [(String, JSON)] = []
+            for i in 0..<12 {
+                if let v = c.ok(#"{"op":"get","id":"Post:\#(i)"}"#)["model"], v != .null { all.append(("Post:\(i)", v)) }
+            }
+            for q in defs where windows[q.name] != nil {
+                let matching = all.filter { q.matches($0.1) }.sorted { less(q, $0, $1) }
+                let end = q.limit.map { min(matching.count, q.offset + $0) } ?? matching.count
+                let expected = q.offset < end ? Array(matching[q.offset..<end].map(\.1)) : []
+                #expect(windows[q.name]! == expected, "seed \(seed) step \(step) \(q.name)")
+                #expect(counts[q.name] == matching.count, "seed \(seed) step \(step) \(q.name) count")
+                if windows[q.name]! != expected { return }
+            }
+        }
+    }
+}
