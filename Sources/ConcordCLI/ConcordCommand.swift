@@ -105,14 +105,19 @@ struct Hello: AsyncParsableCommand {
 }
 
 struct Get: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Print a document, an entity or a collection's items.")
+    static let configuration = CommandConfiguration(
+        abstract: "Print a document, an entity, a collection's items, or a query's window and count.")
     @OptionGroup var connection: ConnectionOptions
     @Option(help: "Cache key of a document.") var key: String?
     @Option(help: "Identity of an entity.") var id: String?
     @Option(help: "Name of a collection.") var collection: String?
+    @Option(help: #"A live query (JSON), e.g. '{"type":"Post","where":{"path":"author.id","eq":"Person:1"},"order":[{"path":"date","desc":true}],"limit":20}'; prints {"items":[…],"count":n}."#)
+    var query: String?
 
     func validate() throws {
-        if [key, id, collection].compactMap({ $0 }).count != 1 { throw ValidationError("give exactly one of --key, --id, --collection") }
+        if [key, id, collection, query].compactMap({ $0 }).count != 1 {
+            throw ValidationError("give exactly one of --key, --id, --collection, --query")
+        }
     }
 
     func run() async throws {
@@ -121,6 +126,11 @@ struct Get: AsyncParsableCommand {
             if let key { out((try await c.get(key: key).model ?? .null).compactString) }
             if let id { out((try await c.get(id: id).model ?? .null).compactString) }
             if let collection { out(JSON.array(try await c.get(collection: collection).items).compactString) }
+            if let query {
+                let spec = try parseJSON(query, what: "--query")
+                let r = try await c.get(query: ConcordQuery(raw: spec, type: spec["type"]?.stringValue ?? ""))
+                out((["items": .array(r.items), "count": .int(r.count)] as JSON).compactString)
+            }
         }
     }
 }
@@ -265,12 +275,13 @@ struct Subscribe: AsyncParsableCommand {
     @Flag(help: "Every entity change.") var feed = false
     @Option(help: "With --feed: comma-separated types.") var types: String?
     @Option(help: "A private model tree (JSON).") var model: String?
+    @Option(help: "A live query (JSON, as for get --query): prints query events with their changes and count.") var query: String?
     @Option(help: "Stop after this many events.") var count: Int?
     @Flag(help: "Print the subscribe answer (initial state) first.") var initial = false
 
     func validate() throws {
-        let n = [key != nil, collection != nil, ids != nil, feed, model != nil].filter { $0 }.count
-        if n != 1 { throw ValidationError("give exactly one of --key, --collection, --ids, --feed, --model") }
+        let n = [key != nil, collection != nil, ids != nil, feed, model != nil, query != nil].filter { $0 }.count
+        if n != 1 { throw ValidationError("give exactly one of --key, --collection, --ids, --feed, --model, --query") }
         if let count, count < 1 { throw ValidationError("--count must be at least 1") }
     }
 
@@ -280,11 +291,16 @@ struct Subscribe: AsyncParsableCommand {
         else if let collection { target = .collection(collection) }
         else if let ids { target = .ids(ids.split(separator: ",").map(String.init)) }
         else if feed { target = .feed(types: types.map { $0.split(separator: ",").map(String.init) }) }
-        else { target = .model(try parseJSON(model!, what: "--model")) }
+        else if let model { target = .model(try parseJSON(model, what: "--model")) }
+        else { target = .query(try Self.query(try parseJSON(query!, what: "--query"))) }
         try await ConcordCLI.run {
             let c = try await connection.connect()
             let sub = try await c.subscribe(target, keepEveryEvent: true)
-            if initial { out((["seq": .int(sub.seq), "initial": sub.initial] as JSON).compactString) }
+            if initial {
+                var o: JSON = ["seq": .int(sub.seq), "initial": sub.initial]
+                if let count = sub.count { o = ["seq": .int(sub.seq), "initial": sub.initial, "count": .int(count)] }
+                out(o.compactString)
+            }
             var printed = 0
             for await event in sub.events {
                 for line in Self.lines(event, sub: sub.name) {
@@ -294,6 +310,13 @@ struct Subscribe: AsyncParsableCommand {
                 }
             }
         }
+    }
+
+    /// The SDK's query from its wire form (the server checks it in full).
+    static func query(_ j: JSON) throws -> ConcordQuery {
+        guard let type = j["type"]?.stringValue else { throw ValidationError("--query needs \"type\": a non-empty string") }
+        // Passed through as JSON: the builder's cases mirror the wire, so keep the text as given.
+        return ConcordQuery(raw: j, type: type)
     }
 
     static func lines(_ e: ConcordEvent, sub: String) -> [String] {
@@ -311,16 +334,12 @@ struct Subscribe: AsyncParsableCommand {
             return list.map { obj([("event", "entity"), ("sub", .string(sub)), ("seq", .int(seq)), ("id", .string($0.id)),
                                    ("model", $0.model ?? .null), ("context", context)]) }
         case .collection(let seq, let edits, let context):
-            let changes: [JSON] = edits.map {
-                switch $0 {
-                case .insert(let i, let items): return ["op": "insert", "index": .int(i), "items": .array(items)]
-                case .remove(let i, let n): return ["op": "remove", "index": .int(i), "count": .int(n)]
-                case .update(let i, let item): return ["op": "update", "index": .int(i), "item": item]
-                case .reset(let items): return ["op": "reset", "items": .array(items)]
-                }
-            }
+            let changes: [JSON] = edits.map(\.json)
             return [obj([("event", "collection"), ("sub", .string(sub)), ("seq", .int(seq)), ("changes", .array(changes)),
                          ("context", context)])]
+        case .query(let seq, let edits, let count, let context):
+            return [obj([("event", "query"), ("sub", .string(sub)), ("seq", .int(seq)), ("changes", .array(edits.map(\.json))),
+                         ("count", .int(count)), ("context", context)])]
         case .ended(let seq, let context):
             return [obj([("event", "delete"), ("sub", .string(sub)), ("seq", .int(seq)), ("context", context)])]
         case .resynced(let seq, let state):

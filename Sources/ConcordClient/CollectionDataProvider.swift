@@ -307,7 +307,7 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
                 context = ctx
                 subscription = nil
                 reopen = true
-            case .update, .entities:
+            case .update, .entities, .query:
                 break
             }
         }

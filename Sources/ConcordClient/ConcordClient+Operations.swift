@@ -132,6 +132,12 @@ extension ConcordClient {
         return (r["items"]?.arrayValue ?? [], r["seq"]?.numberValue?.intValue ?? 0)
     }
 
+    /// A query's window (current values), how many entities match, and the `seq` it is as of.
+    public func get(query: ConcordQuery) async throws -> (items: [JSON], count: Int, seq: Int) {
+        let r = try await op("get", [("query", query.json)])
+        return (r["items"]?.arrayValue ?? [], r["count"]?.numberValue?.intValue ?? 0, r["seq"]?.numberValue?.intValue ?? 0)
+    }
+
     // MARK: Mutations (each returns its seq)
 
     @discardableResult

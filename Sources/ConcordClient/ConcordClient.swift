@@ -265,6 +265,11 @@ public final class ConcordClient: @unchecked Sendable {
             flush(&group)
             let edits = (o["changes"]?.arrayValue ?? []).compactMap(CollectionEdit.init(json:))
             subscription(name)?.yield(.collection(seq: seq, edits, context: context))
+        case "query":
+            flush(&group)
+            let edits = (o["changes"]?.arrayValue ?? []).compactMap(CollectionEdit.init(json:))
+            let count = o["count"]?.numberValue?.intValue ?? 0
+            subscription(name)?.yield(.query(seq: seq, edits, count: count, context: context))
         case "delete":
             flush(&group)
             let s = lock.withLock { state.subscriptions.removeValue(forKey: name) }
@@ -337,7 +342,9 @@ public final class ConcordClient: @unchecked Sendable {
                 o["op"] = "subscribe"
                 let r = try await request(o)
                 let seq = r["seq"]?.numberValue?.intValue ?? 0
-                let stateValue = r["model"] ?? r["items"] ?? r["models"] ?? .null
+                var stateValue = r["model"] ?? r["items"] ?? r["models"] ?? .null
+                // A query's state is its window and its count.
+                if let count = r["count"] { stateValue = ["items": stateValue, "count": count] }
                 s.noteResynced(stateValue)
                 s.yield(.resynced(seq: seq, state: stateValue))
                 if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }

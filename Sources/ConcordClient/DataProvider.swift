@@ -137,7 +137,7 @@ public final class DataProvider<Model: ConcordModel>: @unchecked Sendable {
                 subscription = nil
             }
             update = ProviderUpdate(model: nil, context: context)
-        case .entities, .collection:
+        case .entities, .collection, .query:
             update = nil
         }
         if let update { continuation.yield(update) }

@@ -13,6 +13,8 @@ public enum SubscriptionTarget: Sendable {
     case ids([String])
     /// Every entity change (of these types, when given).
     case feed(types: [String]? = nil)
+    /// A live, sorted, windowed list of the entities matching a query (§3.1).
+    case query(ConcordQuery)
 }
 
 /// One change of an `ids` or `feed` subscription: the entity's current value (nil: deleted).
@@ -36,6 +38,16 @@ public enum CollectionEdit: Sendable, Equatable {
         case "update": self = .update(index: index, item: json["item"] ?? .null)
         case "reset": self = .reset(items: json["items"]?.arrayValue ?? [])
         default: return nil
+        }
+    }
+
+    /// The wire form (`{"op":"insert","index":…,"items":[…]}`, …).
+    public var json: JSON {
+        switch self {
+        case .insert(let i, let items): return ["op": "insert", "index": .int(i), "items": .array(items)]
+        case .remove(let i, let n): return ["op": "remove", "index": .int(i), "count": .int(n)]
+        case .update(let i, let item): return ["op": "update", "index": .int(i), "item": item]
+        case .reset(let items): return ["op": "reset", "items": .array(items)]
         }
     }
 
@@ -67,15 +79,19 @@ public enum ConcordEvent: Sendable {
     case entities(seq: Int, [EntityChange], context: JSON?)
     /// A collection changed.
     case collection(seq: Int, [CollectionEdit], context: JSON?)
+    /// A query's window or count changed: `count` entities match now.
+    case query(seq: Int, [CollectionEdit], count: Int, context: JSON?)
     /// The view ended (its root, document or collection was removed, or `clear`).
     case ended(seq: Int, context: JSON?)
     /// After a reconnection: the subscription is live again and this is its
-    /// whole current state (`model`, `items` or `models`, as a subscribe answers).
+    /// whole current state (`model`, `items` or `models`, as a subscribe
+    /// answers; for a query `{"items":[…],"count":n}`).
     case resynced(seq: Int, state: JSON)
 
     public var seq: Int {
         switch self {
-        case .update(let s, _, _, _, _), .entities(let s, _, _), .collection(let s, _, _), .ended(let s, _), .resynced(let s, _):
+        case .update(let s, _, _, _, _), .entities(let s, _, _), .collection(let s, _, _), .query(let s, _, _, _), .ended(let s, _),
+             .resynced(let s, _):
             return s
         }
     }
@@ -135,6 +151,7 @@ final class SubscriptionState: @unchecked Sendable {
             var f = JSONObject()
             if let types { f["types"] = .array(types.map { .string($0) }) }
             o["feed"] = .object(f)
+        case .query(let q): o["query"] = q.json
         }
         return o
     }
@@ -150,15 +167,18 @@ public final class Subscription: Sendable {
     public let name: String
     /// The `seq` the first state is as of.
     public let seq: Int
-    /// The first state: `model` (model/key views), `items` (collections), `models` (ids), null (feed).
+    /// The first state: `model` (model/key views), `items` (collections and queries), `models` (ids), null (feed).
     public let initial: JSON
+    /// Queries: how many entities matched at subscription (window or not); nil for other views.
+    public let count: Int?
     public let events: AsyncStream<ConcordEvent>
     let client: ConcordClient
 
-    init(name: String, seq: Int, initial: JSON, events: AsyncStream<ConcordEvent>, client: ConcordClient) {
+    init(name: String, seq: Int, initial: JSON, count: Int? = nil, events: AsyncStream<ConcordEvent>, client: ConcordClient) {
         self.name = name
         self.seq = seq
         self.initial = initial
+        self.count = count
         self.events = events
         self.client = client
     }
@@ -216,7 +236,8 @@ extension ConcordClient {
             let seq = r["seq"]?.numberValue?.intValue ?? 0
             let initial = r["model"] ?? r["items"] ?? r["models"] ?? .null
             if case .model = target { state.noteResynced(initial) }
-            return Subscription(name: name, seq: seq, initial: initial, events: stream, client: self)
+            return Subscription(name: name, seq: seq, initial: initial, count: r["count"]?.numberValue?.intValue,
+                                events: stream, client: self)
         } catch {
             _ = unregister(name)
             continuation.finish()

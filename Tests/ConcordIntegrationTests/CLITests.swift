@@ -7,6 +7,10 @@ import Testing
 import Glibc
 #endif
 
+extension String {
+    var json: JSON? { try? JSONParser().parse(self) }
+}
+
 /// The `concord` CLI as spawned processes against a real server.
 @Suite(.serialized)
 struct CLITests {
@@ -73,6 +77,38 @@ struct CLITests {
         #expect(e2.contains("cannot connect"))
         let (s3, _, _) = try Self.concord(["update", "{not json"], socket: server.socketPath)
         #expect(s3 != 0)
+    }
+
+    @Test func queriesFromTheCommandLine() throws {
+        let server = try ServerProcess()
+        let s = server.socketPath
+        let c = try server.connect()
+        for i in 1...3 { try c.request(#"{"op":"update","model":{"id":"Post:\#(i)","date":\#(i)}}"#) }
+        let query = #"{"type":"Post","order":[{"path":"date","desc":true}],"limit":2}"#
+        #expect(try Self.concord(["get", "--query", query], socket: s).1
+                == #"{"items":[{"id":"Post:3","date":3},{"id":"Post:2","date":2}],"count":3}"# + "\n")
+        let bad = try Self.concord(["get", "--query", #"{"type":"Post","limit":0}"#], socket: s)
+        #expect(bad.0 != 0 && bad.2.contains("bad_request"))
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: Self.binary)
+        p.arguments = ["subscribe", "--query", query, "--count", "1", "--socket", s]
+        let out = Pipe()
+        p.standardOutput = out
+        try p.run()
+        var subscribed = false
+        for _ in 0..<500 {
+            if try c.request(#"{"op":"stats"}"#)["subscriptions"] == 1 { subscribed = true; break }
+            usleep(10_000)
+        }
+        #expect(subscribed)
+        try c.request(#"{"op":"update","model":{"id":"Post:9","date":9}}"#)
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        let line = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        let e = try JSONParser().parse(line)
+        #expect(e["event"] == "query")
+        #expect(e["count"] == 4)
+        #expect(e["changes"] == #"[{"op":"insert","index":0,"items":[{"id":"Post:9","date":9}]},{"op":"remove","index":2,"count":1}]"#.json)
     }
 
     @Test func subscribePrintsEachEventAndStopsAfterCount() throws {

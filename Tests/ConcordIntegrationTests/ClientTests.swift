@@ -3,6 +3,7 @@ import ConcordJSON
 import ConcordTestSupport
 import ConcordTestServer
 import Foundation
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -18,6 +19,12 @@ struct Message: ConcordModel, Equatable {
     var id: ConcordID<Message>
     var text: String
     var sender: Person
+}
+
+struct Post: ConcordModel, Equatable {
+    var id: ConcordID<Post>
+    var date: Int
+    var author: Person
 }
 
 /// A model on a server whose identity member is `_id` (`--id-key _id`).
@@ -64,6 +71,53 @@ struct ClientTests {
         #expect(try await c.schema(["Message": ["sender"]]) == ["Message": ["sender"]])
         #expect(try await c.stats()["connections"] == 1)
         c.close()
+    }
+
+    @Test func queryProviderFollowsTheWindowAndItsChangesComposeIntoIt() async throws {
+        let server = try ServerProcess()
+        let c = try await ConcordClient.connect(socketPath: server.socketPath)
+        let writer = try await ConcordClient.connect(socketPath: server.socketPath)
+        let ann = Person(id: 1, name: "Ann"), bob = Person(id: 2, name: "Bob")
+        for (i, a) in [(1, ann), (2, bob), (3, ann), (4, bob), (5, ann)] {
+            try await writer.update(try ModelCoding.json(Post(id: .init(String(i)), date: i, author: a)))
+        }
+        let q = ConcordQuery(Post.self, where: .eq("author.id", "Person:1"), order: [.descending("date")], limit: 2)
+        #expect(q.json.compactString == #"{"type":"Post","where":{"path":"author.id","eq":"Person:1"},"order":[{"path":"date","desc":true}],"limit":2}"#)
+        let p = try await QueryDataProvider<Post>.open(client: c, query: q)
+        #expect(p.data.map(\.date) == [5, 3])
+        #expect(p.count == 3)
+        // A copy kept up to date with nothing but the change lists.
+        let copy = Mutex<[Int]>(p.data.map(\.date))
+        let follower = Task {
+            for await u in p.changes {
+                copy.withLock { list in
+                    for change in u.changes {
+                        switch change {
+                        case .insert(let i): list.insert(u.data[i].date, at: i)
+                        case .delete(let i): list.remove(at: i)
+                        case .update(let i): list[i] = u.data[i].date
+                        case .reset: list = u.data.map(\.date)
+                        }
+                    }
+                }
+            }
+        }
+        try await writer.update(try ModelCoding.json(Post(id: 6, date: 6, author: ann)))       // enters at the top
+        try await writer.update(try ModelCoding.json(Post(id: 5, date: 0, author: ann)))       // moves out of the window
+        try await writer.update(try ModelCoding.json(Post(id: 3, date: 3, author: bob)))       // leaves: the window refills
+        try await writer.update(try ModelCoding.json(Person(id: 1, name: "Ann B.")))          // nested: items update in place
+        try await c.ping()   // a barrier: every event up to the rename is applied
+        #expect(p.data.map(\.date) == [6, 1])
+        #expect(p.count == 3)
+        #expect(p.data.allSatisfy { $0.author.name == "Ann B." })
+        #expect(await eventually { copy.withLock { $0 } == [6, 1] })
+        let read = try await c.get(query: q)
+        #expect(read.items.map { $0["date"] } == [6, 1])
+        #expect(read.count == 3)
+        await p.close()
+        follower.cancel()
+        c.close()
+        writer.close()
     }
 
     @Test func theIdentityMemberComesFromHello() async throws {
