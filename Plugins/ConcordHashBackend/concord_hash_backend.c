@@ -160,6 +160,19 @@ static void hb_close(concord_backend *b) {
 
 static void hb_free(void *p) { free(p); }
 
+/* Every entry whose key starts with `prefix`: a walk of the whole table. */
+static int hb_scan(concord_backend *b, const uint8_t *prefix, size_t prefix_len,
+                   concord_scan_fn each, void *context, char **error) {
+    (void)error;
+    for (size_t i = 0; i < b->nbuckets; i++) {
+        for (entry *e = b->buckets[i]; e; e = e->next) {
+            if (e->key_len < prefix_len || (prefix_len && memcmp(e->key, prefix, prefix_len) != 0)) continue;
+            if (each(context, e->key, e->key_len, e->value, e->value_len) != 0) return CONCORD_OK;
+        }
+    }
+    return CONCORD_OK;
+}
+
 static const concord_backend_api api = {
     .abi_version = CONCORD_BACKEND_ABI_VERSION,
     .struct_size = sizeof(concord_backend_api),
@@ -173,6 +186,7 @@ static const concord_backend_api api = {
     .stats = hb_stats,
     .close = hb_close,
     .free_buffer = hb_free,
+    .scan = hb_scan,
 };
 
 const concord_backend_api *concord_backend_entry(void) { return &api; }

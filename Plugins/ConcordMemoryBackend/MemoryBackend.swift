@@ -112,6 +112,23 @@ final class MemoryBackend {
         }
     }
 
+    /// Live records whose key starts with `prefix` (expired ones are dropped on the way).
+    func scan(_ prefix: [UInt8], _ each: ([UInt8], [UInt8]) -> Bool) {
+        let now = backendNowMillis()
+        var expired: [Entry] = []
+        for (key, e) in map where key.starts(with: prefix) {
+            if ttlMillis > 0 && now - e.written > ttlMillis {
+                expired.append(e)
+                continue
+            }
+            if !each(key, e.value) { break }
+        }
+        for e in expired {
+            remove(e)
+            expirations += 1
+        }
+    }
+
     func delete(_ key: [UInt8]) {
         if let e = map[key] { remove(e) }
     }
@@ -204,7 +221,15 @@ nonisolated(unsafe) private let table: UnsafePointer<concord_backend_api> = Back
     },
     stats: { b in BackendKit.cString(instance(b).statsJSON) },
     close: { b in Unmanaged<MemoryBackend>.fromOpaque(UnsafeRawPointer(b!)).release() },
-    free_buffer: { p in BackendKit.freeBuffer(p) }
+    free_buffer: { p in BackendKit.freeBuffer(p) },
+    scan: { b, prefix, prefixLen, each, ctx, _ in
+        instance(b).scan(bytes(prefix, prefixLen)) { key, value in
+            key.withUnsafeBufferPointer { k in
+                value.withUnsafeBufferPointer { v in each!(ctx, k.baseAddress, k.count, v.baseAddress, v.count) == 0 }
+            }
+        }
+        return Int32(CONCORD_OK.rawValue)
+    }
 ))
 
 @_cdecl("concord_backend_entry")

@@ -169,6 +169,30 @@ final class SQLiteBackend {
         return true
     }
 
+    /// Live records whose key starts with `prefix`, in key order (a range scan
+    /// of the primary key: keys compare as bytes). Expired ones are skipped.
+    func scan(_ prefix: UnsafeRawBufferPointer, _ each: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Bool) throws(SQLError) {
+        // The first key after every key with this prefix: the prefix with its last byte raised.
+        var upper = Array(prefix)
+        while let last = upper.last, last == 0xFF { upper.removeLast() }
+        if !upper.isEmpty { upper[upper.count - 1] += 1 }
+        let s = try prepare(upper.isEmpty ? "SELECT key, value, wtime FROM records WHERE key >= ?1"
+                                          : "SELECT key, value, wtime FROM records WHERE key >= ?1 AND key < ?2")
+        defer { sqlite3_reset(s) }
+        bindKey(s, 1, prefix)
+        if !upper.isEmpty { upper.withUnsafeBytes { bindKey(s, 2, $0) } }
+        let t = now()
+        while true {
+            let rc = sqlite3_step(s)
+            if rc == SQLITE_DONE { return }
+            guard rc == SQLITE_ROW else { throw error(rc, "scan") }
+            if ttlMillis > 0 && t - sqlite3_column_int64(s, 2) > ttlMillis { continue }
+            let key = UnsafeRawBufferPointer(start: sqlite3_column_blob(s, 0), count: Int(sqlite3_column_bytes(s, 0)))
+            let value = UnsafeRawBufferPointer(start: sqlite3_column_blob(s, 1), count: Int(sqlite3_column_bytes(s, 1)))
+            if !each(key, value) { return }
+        }
+    }
+
     private func sizeOf(_ key: UnsafeRawBufferPointer) throws(SQLError) -> Int? {
         let s = try prepare("SELECT size FROM records WHERE key = ?1")
         defer { sqlite3_reset(s) }
@@ -381,7 +405,18 @@ nonisolated(unsafe) private let table: UnsafePointer<concord_backend_api> = Back
         _ = sqlite3_exec(s.db, "PRAGMA wal_checkpoint(TRUNCATE)", nil, nil, nil)
         s.closeDB()
     },
-    free_buffer: { p in BackendKit.freeBuffer(p) }
+    free_buffer: { p in BackendKit.freeBuffer(p) },
+    scan: { b, prefix, prefixLen, each, ctx, errorOut in
+        do throws(SQLiteBackend.SQLError) {
+            try instance(b).scan(raw(prefix, prefixLen)) { k, v in
+                each!(ctx, k.baseAddress?.assumingMemoryBound(to: UInt8.self), k.count,
+                      v.baseAddress?.assumingMemoryBound(to: UInt8.self), v.count) == 0
+            }
+            return Int32(CONCORD_OK.rawValue)
+        } catch let e {
+            return fail(errorOut, e)
+        }
+    }
 ))
 
 @_cdecl("concord_backend_entry")

@@ -38,6 +38,8 @@ public enum StoredValue: Sendable {
 public struct LoadRequest: Sendable {
     public var ticket: Int
     public var keys: [String]
+    /// Key prefixes to list in full (`e:<Type>:`: every entity of a type, for a live query).
+    public var scanPrefixes: [String] = []
 }
 
 /// What the storage thread read for a ``LoadRequest``: normalized records.
@@ -50,6 +52,8 @@ public struct LoadResult: Sendable {
     public var ticket: Int
     public var records: [String: Record]
     public var absent: [String]
+    /// The prefixes that were listed (all of them, unless the backend cannot list).
+    public var scanned: [String] = []
     /// Set when the backend failed: the waiting request is answered `cache_error`.
     public var error: String?
 
@@ -92,6 +96,9 @@ final class PersistenceState {
     var unstored = 0
     /// While failing, mutations are refused once `unstored` is over this.
     var maxUnstored = 100_000
+    /// Types whose every entity was read from the backend (for live queries):
+    /// they stay resident while a query of the type lives.
+    var loadedTypes: Set<String> = []
 
     init(durability: Durability) { self.durability = durability }
 }
@@ -310,6 +317,11 @@ extension Engine {
         case .subscribe(_, .collection(let n)): collection(n)
         case .subscribe(_, .ids(let list)): for id in list { entity(id) }
         case .subscribe(_, .model(let m, refresh: true)): for id in tree.identities(m).order { entity(id) }
+        case .subscribe(_, .query(let q)), .get(.query(let q)):
+            // Every entity of the type, once: a scan of the backend.
+            // Only when the backend may hold entities memory does not: it
+            // persists (a restart), or records are evicted (--memory-limit).
+            if backendMayHoldMore && !p.loadedTypes.contains(q.type) && queries.types[q.type] == nil { keys.append(Self.scanMarker + RecordCodec.entityKey(q.type + ":")) }
         case .mutation(let m, _): mutation(m)
         default: break
         }
@@ -328,6 +340,9 @@ extension Engine {
     }
 
     var memoryLimitEnabled: Bool { memoryLimit > 0 }
+
+    /// True when the backend may hold entities that are not in memory.
+    var backendMayHoldMore: Bool { backendPersists || memoryLimit > 0 }
 
     /// Evicts records no view and no resident record references, and that the
     /// backend already holds, until `bytesInUse()` is under the limit (or
@@ -368,6 +383,9 @@ extension Engine {
         return evicted
     }
 
+    /// Marks a "key" that asks for a scan of a prefix (`missingKeys` → `park`).
+    static let scanMarker = "\u{0}scan:"
+
     /// Parks the client behind a load of `keys`; `line` is answered once they are in.
     func park(_ c: Client, _ line: ParsedLine, keys: [String]) {
         guard let p = persistence else { return }
@@ -378,7 +396,8 @@ extension Engine {
         p.tickets[n] = ticket
         c.waitingTicket = n
         c.backlog.insert(line, at: c.backlogHead)
-        p.items.append(.load(LoadRequest(ticket: n, keys: keys)))
+        let scans = keys.filter { $0.hasPrefix(Self.scanMarker) }.map { String($0.dropFirst(Self.scanMarker.count)) }
+        p.items.append(.load(LoadRequest(ticket: n, keys: keys.filter { !$0.hasPrefix(Self.scanMarker) }, scanPrefixes: scans)))
     }
 
     /// Installs what a load read (unless written since), then resumes the
@@ -391,6 +410,9 @@ extension Engine {
         }
         if !ticket.touched.contains("*") {
             installRecords(result, skipping: ticket.touched)
+            for prefix in result.scanned {
+                if case (.entity, let type)? = RecordCodec.parse(key: prefix) { p.loadedTypes.insert(String(type.dropLast())) }
+            }
             for key in result.absent where !ticket.touched.contains(key) && !isResident(key) {
                 p.knownAbsent.insert(key)
             }

@@ -118,7 +118,11 @@ extension Engine {
             tq.unindexed.removeAll { $0 === view }
         }
         tq.viewCount -= 1
-        if tq.viewCount == 0 { queries.types[view.spec.type] = nil }
+        if tq.viewCount == 0 {
+            queries.types[view.spec.type] = nil
+            // Its entities may be evicted again; a later query lists them anew.
+            persistence?.loadedTypes.remove(view.spec.type)
+        }
     }
 
     /// The current window's values.
@@ -230,6 +234,7 @@ extension Engine {
 
     /// Every query view ends (clear): their subscriptions are ended by the caller.
     func clearQueries() {
+        persistence?.loadedTypes = []
         for v in queries.views.values { v.dropAll(); v.removeAll() }
         queries.views = [:]
         queries.types = [:]

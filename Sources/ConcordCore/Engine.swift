@@ -110,6 +110,9 @@ public final class Engine {
 
     /// Write-behind and read-through state; nil without a cache backend.
     var persistence: PersistenceState?
+    /// The backend keeps records across restarts (`stats.cache.persistent`):
+    /// it may then hold entities memory has never seen.
+    public var backendPersists = true
     /// Bytes (as the driver measures them) above which unreferenced records
     /// are evicted from memory; 0: no limit. Needs a cache backend.
     public var memoryLimit = 0

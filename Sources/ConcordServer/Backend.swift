@@ -82,10 +82,17 @@ public final class Backend: @unchecked Sendable {
             throw BackendError(description: "cache backend '\(spec)': \(path) speaks ABI version \(version); this server needs \(CONCORD_BACKEND_ABI_VERSION)")
         }
         let size = Int(api.pointee.struct_size)
-        guard size >= MemoryLayout<concord_backend_api>.size else {
-            throw BackendError(description: "cache backend '\(spec)': \(path) has a method table of \(size) bytes; ABI \(version) needs \(MemoryLayout<concord_backend_api>.size)")
+        // Entries added at the end (`scan`) are optional: the table must cover the original ones.
+        let required = MemoryLayout<concord_backend_api>.offset(of: \.scan) ?? MemoryLayout<concord_backend_api>.size
+        guard size >= required else {
+            throw BackendError(description: "cache backend '\(spec)': \(path) has a method table of \(size) bytes; ABI \(version) needs at least \(required)")
         }
-        let t = api.pointee
+        // A copy of the table as this server knows it: entries past the
+        // backend's `struct_size` (an older backend) read as absent.
+        let table = UnsafeMutablePointer<concord_backend_api>.allocate(capacity: 1)
+        table.initialize(to: concord_backend_api())
+        UnsafeMutableRawPointer(table).copyMemory(from: UnsafeRawPointer(api), byteCount: min(size, MemoryLayout<concord_backend_api>.size))
+        let t = table.pointee
         guard t.open != nil, t.get != nil, t.put != nil, t.del != nil, t.write_batch != nil, t.clear != nil,
               t.close != nil, t.free_buffer != nil
         else {
@@ -115,7 +122,7 @@ public final class Backend: @unchecked Sendable {
             host.deallocate()
             throw BackendError(description: "cache backend '\(spec)' (\(path)): open failed: \(reason)")
         }
-        return Backend(name: name, path: path, api: api, instance: instance, hostContext: context, host: host)
+        return Backend(name: name, path: path, api: UnsafePointer(table), instance: instance, hostContext: context, host: host)
     }
 
     private init(name: String, path: String, api: UnsafePointer<concord_backend_api>, instance: OpaquePointer,
@@ -207,6 +214,28 @@ public final class Backend: @unchecked Sendable {
     }
 
     /// The backend's figures as JSON (an empty object when it has none or they do not parse).
+    /// Whether the backend can list records by key prefix (`scan`).
+    public var canScan: Bool { api.pointee.scan != nil }
+
+    /// Every record whose key starts with `prefix` (any order). Throws when
+    /// the backend fails; nil when it has no `scan`.
+    public func scan(prefix: [UInt8]) throws(BackendCallError) -> [(key: [UInt8], value: [UInt8])]? {
+        guard let fn = api.pointee.scan else { return nil }
+        final class Sink { var records: [(key: [UInt8], value: [UInt8])] = [] }
+        let sink = Sink()
+        var err: UnsafeMutablePointer<CChar>?
+        let rc = prefix.withUnsafeBufferPointer { p in
+            fn(instance, p.baseAddress, p.count, { ctx, key, keyLen, value, valueLen in
+                let sink = Unmanaged<Sink>.fromOpaque(ctx!).takeUnretainedValue()
+                sink.records.append((Array(UnsafeBufferPointer(start: key, count: keyLen)),
+                                     Array(UnsafeBufferPointer(start: value, count: valueLen))))
+                return 0
+            }, Unmanaged.passUnretained(sink).toOpaque(), &err)
+        }
+        try check(rc, err)
+        return sink.records
+    }
+
     public func stats() -> JSON {
         guard let fn = api.pointee.stats, let s = fn(instance) else { return .object(JSONObject()) }
         defer { api.pointee.free_buffer!(s) }

@@ -1,4 +1,5 @@
 import ConcordCore
+import ConcordJSON
 import ConcordProtocol
 import Logging
 import Synchronization
@@ -134,6 +135,7 @@ final class Sequencer: @unchecked Sendable {
         engine.enablePersistence(durability: configuration.durability, schema: schema, lastSeq: start,
                                  reserved: reserved, maxUnstored: configuration.maxUnstoredRecords)
         engine.memoryLimit = configuration.memoryLimit
+        engine.backendPersists = backend.stats()["persistent"] != false
         let s = StorageThread(backend: backend, idKey: engine.configuration.idKey, maxDepth: engine.configuration.maxDepth,
                               logger: logger, seq: start, reserved: reserved) { [self] event in
             self.submit(.storage(event))

@@ -58,6 +58,8 @@ final class StorageThread: @unchecked Sendable {
     private(set) var reserved: Int
     private var wantReserved: Int
     private var loggedBadRecords: Set<String> = []
+    /// The backend has no `scan`: said once.
+    private var warnedNoScan = false
 
     /// The current failure episode.
     private struct Failure {
@@ -288,6 +290,29 @@ final class StorageThread: @unchecked Sendable {
         var seen = Set(queue)
         var i = 0
         do {
+            // Listed prefixes (every entity of a type): their records, then what they reference.
+            for prefix in request.scanPrefixes {
+                guard let records = try backend.scan(prefix: Array(prefix.utf8)) else {
+                    if !warnedNoScan {
+                        warnedNoScan = true
+                        logger.warning("the cache backend cannot list records (no scan): live queries see only the entities in memory",
+                                       metadata: ["concord.backend": "\(backend.name)"])
+                    }
+                    result.scanned.append(prefix)
+                    continue
+                }
+                for (k, v) in records {
+                    let key = String(decoding: k, as: UTF8.self)
+                    guard seen.insert(key).inserted else { continue }
+                    guard let r = codec.decodeRecord(v) else { badRecord(key); continue }
+                    result.records[key] = .entity(r)
+                    for id in codec.references(r, includingRoot: false) {
+                        let ck = RecordCodec.entityKey(id)
+                        if seen.insert(ck).inserted { queue.append(ck) }
+                    }
+                }
+                result.scanned.append(prefix)
+            }
             while i < queue.count {
                 let key = queue[i]
                 i += 1

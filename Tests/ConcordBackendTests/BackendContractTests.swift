@@ -45,6 +45,27 @@ struct BackendContractTests {
         try b.delete(k)  // deleting a missing key is fine
     }
 
+    /// `scan` lists exactly the live records under a prefix (what a live
+    /// query over a type reads when the backend may hold more than memory).
+    @Test(arguments: ["memory", "hash", "sqlite"])
+    func scanListsExactlyThePrefix(spec: String) throws {
+        let b = try Self.open(spec, Self.configs().first { $0.0 == spec }!.1)
+        defer { b.close() }
+        #expect(b.canScan)
+        for i in 0..<50 { try b.put(Array("e:Post:\(i)".utf8), Array("p\(i)".utf8)) }
+        try b.put(Array("e:Posting:1".utf8), Array("other".utf8))
+        try b.put(Array("e:Person:1".utf8), Array("x".utf8))
+        try b.put(Array("d:e:Post:1".utf8), Array("doc".utf8))
+        try b.put([0x65, 0x3A, 0xFF, 0xFF], [1])   // a prefix ending in 0xFF bytes
+        try b.delete(Array("e:Post:7".utf8))
+        let listed = try #require(try b.scan(prefix: Array("e:Post:".utf8)))
+        let keys = Set(listed.map { String(decoding: $0.key, as: UTF8.self) })
+        #expect(keys == Set((0..<50).filter { $0 != 7 }.map { "e:Post:\($0)" }))
+        #expect(listed.allSatisfy { String(decoding: $0.value, as: UTF8.self) == "p" + String(decoding: $0.key.dropFirst(7), as: UTF8.self) })
+        #expect(try b.scan(prefix: [0x65, 0x3A, 0xFF])?.map(\.key) == [[0x65, 0x3A, 0xFF, 0xFF]])
+        #expect(try b.scan(prefix: Array("e:Nothing:".utf8))?.isEmpty == true)
+    }
+
     @Test(arguments: ["memory", "hash", "sqlite"])
     func binaryKeysEmptyAndLargeValues(spec: String) throws {
         let b = try Self.open(spec, Self.configs().first { $0.0 == spec }!.1)

@@ -44,6 +44,54 @@ struct PersistenceTests {
         #expect(try c.request(#"{"op":"get","collection":"people"}"#)["items"]?.arrayValue?.count == 1)
     }
 
+    /// A query over a type sees every entity the backend holds, not only the
+    /// resident ones: after a restart (nothing in memory) and with records
+    /// evicted under --memory-limit. Every backend lists by prefix (`scan`).
+    @Test(arguments: ["sqlite", "memory-limit"])
+    func queriesSeeEntitiesOnlyTheBackendHolds(mode: String) throws {
+        let db = Self.tempPath("q.sqlite")
+        var args = ["--cache", "sqlite", "--cache-path", db, "--cache-max-bytes", "0"]
+        if mode == "memory-limit" { args += ["--memory-limit", "1"] }
+        let ids = (0..<300).map { "Post:\($0)" }
+        do {
+            let server = try ServerProcess(arguments: args)
+            let c = try server.connect()
+            for (i, id) in ids.enumerated() {
+                try c.request(#"{"op":"update","model":{"id":"\#(id)","date":\#(i),"by":{"id":"Person:\#(i % 3)","name":"P\#(i % 3)"}}}"#)
+            }
+            try c.request(#"{"op":"update","model":{"id":"Other:1","date":1}}"#)
+            if mode == "memory-limit" {
+                // Everything stored is evicted from memory at the next turns.
+                var entities = Int.max
+                for _ in 0..<200 where entities > 10 {
+                    entities = try c.request(#"{"op":"stats"}"#)["entities"]?.numberValue?.intValue ?? 0
+                    usleep(20_000)
+                }
+                #expect(entities <= 10)
+                let r = try c.request(#"{"op":"subscribe","sub":"q","query":{"type":"Post","where":{"path":"by.id","eq":"Person:1"},"order":[{"path":"date","desc":true}],"limit":3}}"#)
+                #expect(r["count"] == 100)
+                #expect(r["items"]?.arrayValue?.map { $0["id"] } == ["Post:298", "Post:295", "Post:292"])
+                #expect(r["items"]?.arrayValue?.first?["by"]?["name"] == "P1")
+                // Live afterwards: a write moves the window.
+                try c.request(#"{"op":"update","model":{"id":"Post:1","date":1000,"by":{"id":"Person:1","name":"P1"}}}"#)
+                #expect(c.take().first?["changes"]?.arrayValue?.count == 2)
+                return
+            }
+            #expect(server.stop() == 0)
+        }
+        let server = try ServerProcess(arguments: args)
+        let c = try server.connect()
+        #expect(try c.request(#"{"op":"stats"}"#)["entities"] == 0)
+        let r = try c.request(#"{"op":"subscribe","sub":"q","query":{"type":"Post","order":[{"path":"date"}],"offset":10,"limit":2}}"#)
+        #expect(r["count"] == 300)
+        #expect(r["items"]?.arrayValue?.map { $0["id"] } == ["Post:10", "Post:11"])
+        #expect(r["items"]?.arrayValue?.first?["by"] == ["id": "Person:1", "name": "P1"])
+        let g = try c.request(#"{"op":"get","query":{"type":"Post","where":{"path":"by.name","eq":"P2"}}}"#)
+        #expect(g["count"] == 100)
+        // Other types are not loaded by it.
+        #expect(try c.request(#"{"op":"stats"}"#)["entities"] == 303)
+    }
+
     @Test func killNineInSyncModeLosesNoAcknowledgedWrite() throws {
         let db = Self.tempPath("c.sqlite")
         let args = ["--cache", "sqlite", "--cache-path", db, "--durability", "sync"]

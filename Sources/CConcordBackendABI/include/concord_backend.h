@@ -59,6 +59,11 @@ typedef struct concord_host {
 /* Opaque backend instance. */
 typedef struct concord_backend concord_backend;
 
+/* Called by `scan` for each record; a non-zero return stops the scan. The
+ * key and value are valid only during the call. */
+typedef int (*concord_scan_fn)(void *context, const uint8_t *key, size_t key_len,
+                               const uint8_t *value, size_t value_len);
+
 /* One write of a batch: a put, or a delete when `value` is NULL. */
 typedef struct concord_write {
     const uint8_t *key;
@@ -106,6 +111,15 @@ typedef struct concord_backend_api {
 
     /* Frees a buffer or message the backend handed out. */
     void (*free_buffer)(void *buffer);
+
+    /* Optional (added in ABI 1 at the end of the table: present when
+     * `struct_size` covers it and it is not NULL). Calls `each` for every
+     * live record whose key starts with `prefix`, in any order. The server
+     * uses it to list the entities of a type ("e:Post:") the first time a
+     * live query over that type is asked for. Without it, queries see only
+     * what is in memory. */
+    int (*scan)(concord_backend *backend, const uint8_t *prefix, size_t prefix_len,
+                concord_scan_fn each, void *context, char **error);
 } concord_backend_api;
 
 /* The one exported symbol. */
