@@ -28,7 +28,7 @@ extension Engine {
         for (key, view) in queries.views {
             if view.isEmpty { note("query view \(key) has no subscriber") }
             let prefix = view.spec.type + ":"
-            var expected: [OrderTree.Element] = []
+            var expected: [OrderTree.Element] = []  // values: SortValue
             for (id, v) in store.entities where id.hasPrefix(prefix) && view.matches(v.value) {
                 expected.append(.init(values: view.sortValues(v.value), id: id))
             }

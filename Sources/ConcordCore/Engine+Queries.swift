@@ -147,22 +147,25 @@ extension Engine {
     /// definition, with their changes.
     func updateQueries(_ change: StoreChange) -> [(QueryView, [CollectionChange])] {
         guard !queries.types.isEmpty else { return [] }
-        var changed: [String] = []
-        for id in change.valueChanged where queries.types[Tree.type(of: id)] != nil { changed.append(id) }
-        for id in change.deleted where !change.valueChanged.contains(id) && queries.types[Tree.type(of: id)] != nil {
-            changed.append(id)
+        var changed: [(id: String, tq: TypeQueries)] = []
+        for id in change.valueChanged {
+            if let tq = queries.types[Tree.type(of: id)] { changed.append((id, tq)) }
+        }
+        for id in change.deleted where !change.valueChanged.contains(id) {
+            if let tq = queries.types[Tree.type(of: id)] { changed.append((id, tq)) }
         }
         guard !changed.isEmpty else { return [] }
-        if changed.count > 1 { changed.sort { QueryEval.compareStrings($0, $1) < 0 } }
+        // A fixed order (Set order is not): the same input gives the same events.
+        if changed.count > 1 { changed.sort { $0.id < $1.id } }
         var touched: [QueryView] = []
         let current: (String) -> JSON? = { self.store.entity($0) }
-        for id in changed {
-            let tq = queries.types[Tree.type(of: id)]!
+        for (id, tq) in changed {
             let value = store.entity(id)
             // Written back to what it was (within a batch): nothing to do.
-            if store.valueBeforeMutation(id) == (value ?? .null) { continue }
+            let before = store.valueBeforeMutation(id)
+            if before == (value ?? .null) { continue }
             // The type's entity set and value indexes.
-            if value != nil { tq.entities.insert(id) } else { tq.entities.remove(id) }
+            if value == nil { tq.entities.remove(id) } else if before == .null { tq.entities.insert(id) }
             for (pk, entry) in tq.paths {
                 let newKey = value.flatMap { QueryEval.value($0, entry.path) }.flatMap(QueryEval.indexKey)
                 let oldKey = tq.valueOf[pk]?[id]
@@ -183,16 +186,20 @@ extension Engine {
             }
             candidates.append(contentsOf: tq.unindexed)
             if candidates.isEmpty { continue }
-            var seen: Set<ObjectIdentifier> = []
+            // Every view it was in is a candidate: its memberOf is rebuilt from the results.
             var members: [QueryView] = []
-            for view in candidates where seen.insert(ObjectIdentifier(view)).inserted {
+            if candidates.count == 1 {
+                let view = candidates[0]
                 if !view.touched { touched.append(view) }
                 if view.apply(id, value: value, current: current) { members.append(view) }
+            } else {
+                var seen: Set<ObjectIdentifier> = []
+                for view in candidates where seen.insert(ObjectIdentifier(view)).inserted {
+                    if !view.touched { touched.append(view) }
+                    if view.apply(id, value: value, current: current) { members.append(view) }
+                }
             }
-            // memberOf: the views it is in now (candidates include every view it was in).
-            var keep = queries.memberOf[id]?.filter { !seen.contains(ObjectIdentifier($0)) } ?? []
-            keep.append(contentsOf: members)
-            queries.memberOf[id] = keep.isEmpty ? nil : keep
+            queries.memberOf[id] = members.isEmpty ? nil : members
         }
         touched.sort { $0.key < $1.key }
         var out: [(QueryView, [CollectionChange])] = []

@@ -9,7 +9,7 @@ import ConcordJSON
 /// strict total order (the identity breaks ties, so no two elements are equal).
 struct OrderTree {
     struct Element {
-        var values: [JSON?]
+        var values: [SortValue]
         var id: String
     }
 

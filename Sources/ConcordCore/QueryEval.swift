@@ -1,6 +1,66 @@
 import ConcordJSON
 import ConcordProtocol
 
+/// A sort member's value, prepared once for the many comparisons of a tree
+/// walk: integers that fit are compared as Int, strings by their bytes.
+enum SortValue {
+    case missing
+    case null
+    case bool(Bool)
+    case int(Int)
+    /// A number that is not an Int (fraction, exponent, or too large).
+    case number(JSONNumber)
+    case string(String)
+    case array([JSON])
+    case object
+
+    init(_ v: JSON?) {
+        guard let v else {
+            self = .missing
+            return
+        }
+        switch v {
+        case .null: self = .null
+        case .bool(let b): self = .bool(b)
+        case .number(let n):
+            if n.isInteger, let i = Int(n.text) { self = .int(i) } else { self = .number(n) }
+        case .string(let s): self = .string(s)
+        case .array(let a): self = .array(a)
+        case .object: self = .object
+        }
+    }
+
+    private var rank: Int {
+        switch self {
+        case .missing: return 0
+        case .null: return 1
+        case .bool(let b): return b ? 3 : 2
+        case .int, .number: return 4
+        case .string: return 5
+        case .array: return 6
+        case .object: return 7
+        }
+    }
+
+    /// The order of §3.1: -1, 0 or 1.
+    static func compare(_ a: SortValue, _ b: SortValue) -> Int {
+        switch (a, b) {
+        case let (.int(x), .int(y)): return x < y ? -1 : (x > y ? 1 : 0)
+        case let (.string(x), .string(y)): return QueryEval.compareStrings(x, y)
+        default: break
+        }
+        let ra = a.rank, rb = b.rank
+        if ra != rb { return ra < rb ? -1 : 1 }
+        switch (a, b) {
+        case let (.number(x), .number(y)): return x.compareByValue(y)
+        case let (.int(x), .number(y)): return JSONNumber(x).compareByValue(y)
+        case let (.number(x), .int(y)): return x.compareByValue(JSONNumber(y))
+        case let (.array(x), .array(y)): return QueryEval.compare(.array(x), .array(y))
+        default: return 0
+        }
+    }
+}
+
 /// Evaluating queries on materialized values (PROTOCOL.md §3.1).
 enum QueryEval {
     /// The value at `path`, reading through objects only (nested entities are
@@ -17,14 +77,18 @@ enum QueryEval {
 
     /// Strings by code point: UTF-8 byte order is code point order.
     static func compareStrings(_ a: String, _ b: String) -> Int {
-        if a == b, a.utf8.elementsEqual(b.utf8) { return 0 }
-        var ia = a.utf8.makeIterator(), ib = b.utf8.makeIterator()
-        while true {
-            switch (ia.next(), ib.next()) {
-            case (nil, nil): return 0
-            case (nil, _): return -1
-            case (_, nil): return 1
-            case let (x?, y?): if x != y { return x < y ? -1 : 1 }
+        var a = a, b = b
+        // Native strings are contiguous UTF-8: compare the bytes directly.
+        return a.withUTF8 { x in
+            b.withUTF8 { y in
+                let n = min(x.count, y.count)
+                var i = 0
+                while i < n {
+                    let p = x[i], q = y[i]
+                    if p != q { return p < q ? -1 : 1 }
+                    i += 1
+                }
+                return x.count == y.count ? 0 : (x.count < y.count ? -1 : 1)
             }
         }
     }

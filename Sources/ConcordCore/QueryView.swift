@@ -16,7 +16,7 @@ final class QueryView: SharedView {
     let spec: QuerySpec
     var tree: OrderTree
     /// Each member's identity → its sort values as filed in the tree.
-    var members: [String: [JSON?]] = [:]
+    var members: [String: [SortValue]] = [:]
     /// Window changes of the mutation being rendered, and the count before it.
     var pending: [CollectionChange] = []
     var countBefore = 0
@@ -30,7 +30,7 @@ final class QueryView: SharedView {
         let order = spec.order
         tree = OrderTree { a, b in
             for i in order.indices {
-                var c = QueryEval.compare(a.values[i], b.values[i])
+                var c = SortValue.compare(a.values[i], b.values[i])
                 if order[i].descending { c = -c }
                 if c != 0 { return c < 0 }
             }
@@ -57,7 +57,7 @@ final class QueryView: SharedView {
         return QueryEval.matches(value, c)
     }
 
-    func sortValues(_ value: JSON) -> [JSON?] { spec.order.map { QueryEval.value(value, $0.path) } }
+    func sortValues(_ value: JSON) -> [SortValue] { spec.order.map { SortValue(QueryEval.value(value, $0.path)) } }
 
     /// Files an entity without producing changes (building the view).
     func add(_ id: String, _ value: JSON) {
@@ -74,8 +74,8 @@ final class QueryView: SharedView {
         pending = []
     }
 
-    private func sameValues(_ a: [JSON?], _ b: [JSON?]) -> Bool {
-        for i in a.indices where QueryEval.compare(a[i], b[i]) != 0 { return false }
+    private func sameValues(_ a: [SortValue], _ b: [SortValue]) -> Bool {
+        for i in a.indices where SortValue.compare(a[i], b[i]) != 0 { return false }
         return true
     }
 

@@ -46,7 +46,7 @@ let dir = NSTemporaryDirectory() + "concord-bench-\(getpid())"
 try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
 
 nonisolated(unsafe) var step = 0
-let totalSteps = 14
+let totalSteps = 19
 /// Announces a scenario; false when `--only` excludes it.
 @discardableResult
 func progress(_ what: String) -> Bool {
@@ -232,6 +232,33 @@ do {
         cp.stop()
         results["collection_churn_ops_per_s_\(size >= 100_000 ? "100k" : "10k")"] = ops
         rows.append(("collection churn, \(size) items, 10 subs (ops/s)", fmt(ops), "-", "-"))
+    }
+
+    // 5b. Live queries (issue 13): 1,000 per-author windows of 20 over 100,000
+    // posts, shared by 1k, 10k and 100k subscriptions; 5k updates/s.
+    // 0 subscriptions: the same writes with no query at all (the store's own cost);
+    // 10k at 1k updates/s: latency when the server is not saturated.
+    for (subs, rate) in [(0, 5000.0), (1_000, 5000), (10_000, 5000), (100_000, 5000), (10_000, 1000)] {
+        guard progress("live queries, \(subs) subscriptions, 1000 views, 100k posts, \(Int(rate)) updates/s") else { continue }
+        let (cp, c) = try concord()
+        let q = try queryScenario(server: cp, socket: c.socket, entities: 100_000, authors: 1000, subscriptions: subs,
+                                  connections: 100, rate: rate, duration: options.full ? 10 : 3)
+        cp.stop()
+        var tag = subs >= 100_000 ? "100k" : (subs >= 10_000 ? "10k" : (subs >= 1000 ? "1k" : "0"))
+        if rate < 5000 { tag += "_at_\(Int(rate))" }
+        results["query_\(tag)_p50_us"] = q.p50
+        results["query_\(tag)_p99_us"] = q.p99
+        results["query_\(tag)_events_per_s"] = q.eventsPerSecond
+        results["query_\(tag)_updates_per_s"] = q.updatesPerSecond
+        results["query_\(tag)_cpu_us_per_update"] = q.cpuMicrosPerUpdate
+        results["query_\(tag)_bytes_per_view"] = q.bytesPerView
+        results["query_\(tag)_bytes_per_subscription"] = q.bytesPerSubscription
+        let label = "live queries, \(tag.replacingOccurrences(of: "_at_", with: " subs at ")) \(rate < 5000 ? "/s" : "subs")"
+            + " / 1000 views / 100k posts"
+        rows.append(("\(label): p50 / p99 (µs)", String(format: "%.0f / %.0f", q.p50, q.p99), "-", "-"))
+        rows.append(("\(label): events/s; updates/s", "\(fmt(q.eventsPerSecond)); \(fmt(q.updatesPerSecond))", "-", "-"))
+        rows.append(("\(label): server CPU µs per update", String(format: "%.1f", q.cpuMicrosPerUpdate), "-", "-"))
+        rows.append(("\(label): bytes per view; per extra subscription", String(format: "%.0f; %.0f", q.bytesPerView, q.bytesPerSubscription), "-", "-"))
     }
 
     // 6. Scaling: --threads 1 vs 2 on dense fan-out of model views (the work the pool parallelizes).
