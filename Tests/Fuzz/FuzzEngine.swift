@@ -7,8 +7,8 @@
 // - per subscription, `seq` never decreases, and model/key/collection views
 //   get at most one event per seq;
 // - after `resume` of everything and a `ping`, every key view's last value
-//   equals `get`, and every collection copy (subscribe items + every change
-//   list applied) equals `get`.
+//   equals `get`, and every collection and query copy (subscribe items +
+//   every change list applied) equals `get` (queries: and its count).
 import ConcordCore
 import ConcordJSON
 import ConcordTestSupport
@@ -37,6 +37,7 @@ final class Peer {
     var lastSeq: [String: Int] = [:]
     var keyValue: [String: JSON] = [:]
     var list: [String: [JSON]] = [:]
+    var count: [String: Int] = [:]
     var keyOf: [String: String] = [:]
     var pendingUnsubscribe: [Int: String] = [:]
     var pendingSubscribe: [Int: (name: String, kind: String, key: String)] = [:]
@@ -46,6 +47,15 @@ final class Peer {
 let parser = JSONParser(maxDepth: 100_000)
 
 func fail(_ s: String) -> Never { fatalError(s) }
+
+/// Live queries over the fuzzed entities: windows, offsets, nested sort members, an unindexed predicate.
+let fuzzQueries = [
+    #"{"type":"P","order":[{"path":"n"}],"limit":2}"#,
+    #"{"type":"P","where":{"path":"q.id","eq":"Q:1"},"order":[{"path":"n","desc":true}],"offset":1,"limit":2}"#,
+    #"{"type":"P","order":[{"path":"q.m"},{"path":"x"}],"offset":1}"#,
+    #"{"type":"P","where":{"any":[{"path":"n","gt":3},{"path":"x","exists":true}]}}"#,
+    #"{"type":"Q","where":{"path":"m","in":[0,1,2,3]},"limit":1}"#,
+]
 
 func deliver(_ engine: Engine, _ peers: [Peer]) {
     for (id, chunks) in engine.takeOutput() {
@@ -79,7 +89,7 @@ func consume(_ p: Peer) {
             let kind = p.kinds[sub] ?? "?"
             let last = p.lastSeq[sub] ?? -1
             if seq < last { fail("\(sub): seq \(seq) after \(last)") }
-            if seq == last && ["model", "key", "collection"].contains(kind) { fail("\(sub): two events with seq \(seq)") }
+            if seq == last && ["model", "key", "collection", "query"].contains(kind) { fail("\(sub): two events with seq \(seq)") }
             p.lastSeq[sub] = seq
             switch v["event"]?.stringValue {
             case "delete":
@@ -88,10 +98,11 @@ func consume(_ p: Peer) {
                 p.list[sub] = nil
             case "update" where kind == "key":
                 p.keyValue[sub] = v["model"] ?? .null
-            case "collection":
+            case "collection", "query":
                 var l = p.list[sub] ?? []
                 do { try applyChanges(&l, v) } catch { fail("\(sub): \(error)") }
                 p.list[sub] = l
+                if let n = v["count"]?.numberValue?.intValue { p.count[sub] = n }
             default:
                 break
             }
@@ -109,7 +120,8 @@ func consume(_ p: Peer) {
             p.keyOf[name] = key
             p.lastSeq[name] = v["seq"]?.numberValue?.intValue ?? 0
             if kind == "key" { p.keyValue[name] = v["model"] ?? .null }
-            if kind == "collection" { p.list[name] = v["items"]?.arrayValue ?? [] }
+            if kind == "collection" || kind == "query" { p.list[name] = v["items"]?.arrayValue ?? [] }
+            if kind == "query" { p.count[name] = v["count"]?.numberValue?.intValue ?? -1 }
         }
     }
 }
@@ -141,7 +153,7 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         case 1: send(p, #"{"op":"update","key":"d\#(a % 2)","model":{"id":"D:\#(a % 2)","p":{"id":"P:\#(b % 4)"},"v":\#(b)}}"#)
         case 2: send(p, #"{"op":"delete","id":"\#(b % 2 == 0 ? "P" : "Q"):\#(a)"}"#)
         case 3:
-            let kinds = ["key", "model", "ids", "collection", "feed"]
+            let kinds = ["key", "model", "ids", "collection", "feed", "query", "query"]
             let kind = kinds[b % kinds.count]
             let target: String
             switch kind {
@@ -149,9 +161,10 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
             case "model": target = #""model":{"id":"P:\#(a)","q":{"id":"Q:1"}},"refresh":\#(b % 2 == 0)"#
             case "ids": target = #""ids":["P:\#(a)","Q:\#(a % 3)"]"#
             case "collection": target = #""collection":"c0""#
+            case "query": target = #""query":\#(fuzzQueries[a % fuzzQueries.count])"#
             default: target = #""feed":{}"#
             }
-            p.pendingSubscribe[rid + 1] = (name, kind, "d\(a % 2)")
+            p.pendingSubscribe[rid + 1] = (name, kind, kind == "query" ? fuzzQueries[a % fuzzQueries.count] : "d\(a % 2)")
             send(p, #"{"op":"subscribe","sub":"\#(name)",\#(target)}"#)
         case 4:
             p.pendingUnsubscribe[rid + 1] = name
@@ -182,8 +195,9 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     // Views against `get`, through a fresh connection.
     engine.open(5)
     for p in peers {
-        for (name, kind) in p.kinds where kind == "key" || kind == "collection" {
-            let q = kind == "key" ? #"{"op":"get","key":"\#(p.keyOf[name] ?? "")"}"# : #"{"op":"get","collection":"c0"}"#
+        for (name, kind) in p.kinds where kind == "key" || kind == "collection" || kind == "query" {
+            let q = kind == "key" ? #"{"op":"get","key":"\#(p.keyOf[name] ?? "")"}"#
+                : kind == "query" ? #"{"op":"get","query":\#(p.keyOf[name] ?? "")}"# : #"{"op":"get","collection":"c0"}"#
             var answer: JSON = .null
             engine.handleLine(Array(q.utf8), from: 5)
             for (_, chunks) in engine.takeOutput() {
@@ -196,6 +210,9 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
             }
             if kind == "collection", (answer["items"]?.arrayValue ?? []) != (p.list[name] ?? []) {
                 fail("connection \(p.id) \(name): collection copy differs from get")
+            }
+            if kind == "query", (answer["items"]?.arrayValue ?? []) != (p.list[name] ?? []) || answer["count"]?.numberValue?.intValue != p.count[name] {
+                fail("connection \(p.id) \(name): query copy \((p.list[name] ?? []).map(\.compactString)) (count \(p.count[name] ?? -1)) but get says \(answer.compactString)")
             }
         }
     }
