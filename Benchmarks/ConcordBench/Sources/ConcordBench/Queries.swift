@@ -35,37 +35,6 @@ private func allocated(_ c: Conn) -> Int {
     return Int(text[r.upperBound...].prefix { $0.isNumber }) ?? 0
 }
 
-/// Reads `"seq":<digits>` of each event line.
-private struct SeqScanner {
-    private static let key = Array(#""seq":"#.utf8)
-    private var matched = 0
-    private var inNumber = false
-    private var value = 0
-
-    mutating func feed(_ bytes: UnsafeBufferPointer<UInt8>, _ found: (Int) -> Void) {
-        for b in bytes {
-            if inNumber {
-                if b >= 48 && b <= 57 {
-                    value = value * 10 + Int(b - 48)
-                    continue
-                }
-                found(value)
-                inNumber = false
-                value = 0
-            }
-            if b == Self.key[matched] {
-                matched += 1
-                if matched == Self.key.count {
-                    inNumber = true
-                    matched = 0
-                }
-            } else {
-                matched = b == Self.key[0] ? 1 : 0
-            }
-        }
-    }
-}
-
 func queryScenario(server: ServerProc, socket: String, entities: Int, authors: Int, subscriptions: Int,
                    connections: Int, rate: Double, duration: Double) throws -> QueryResult {
     let setupStart = nowNanos()
@@ -132,14 +101,14 @@ func queryScenario(server: ServerProc, socket: String, entities: Int, authors: I
         group.enter()
         Thread {
             c.setTimeout(0.2)
-            var scanner = SeqScanner()
+            var scanner = NumberScanner("seq")
             var local: [(Int, UInt64)] = []
             var n = 0
             while !stop.isSet {
                 _ = c.readChunk { bytes in
                     let now = nowNanos()
                     scanner.feed(bytes) { seq in
-                        local.append((seq, now))
+                        local.append((Int(seq), now))
                         n += 1
                     }
                 }

@@ -53,7 +53,7 @@ final class Subscribers: @unchecked Sendable {
             Thread {
                 c.setTimeout(0.2)
                 var counter = PatternCounter(marker)
-                var scanner = StampScanner()
+                var scanner = NumberScanner("t")
                 var h = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
                 var reported = 0
                 while !stop.isSet {

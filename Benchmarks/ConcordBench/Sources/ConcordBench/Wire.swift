@@ -115,12 +115,15 @@ struct PatternCounter {
     }
 }
 
-/// Scans a stream for `"t":<digits>` stamps and reports each.
-struct StampScanner {
-    private static let key = Array(#""t":"#.utf8)
+/// Scans a stream for `"<key>":<digits>` and reports each number.
+struct NumberScanner {
+    private let key: [UInt8]
     private var matched = 0
     private var inNumber = false
     private var value: UInt64 = 0
+
+    /// `member`: the member name, e.g. `t` for `"t":123`.
+    init(_ member: String) { key = Array("\"\(member)\":".utf8) }
 
     mutating func feed(_ bytes: UnsafeBufferPointer<UInt8>, _ found: (UInt64) -> Void) {
         for b in bytes {
@@ -133,14 +136,14 @@ struct StampScanner {
                 inNumber = false
                 value = 0
             }
-            if b == Self.key[matched] {
+            if b == key[matched] {
                 matched += 1
-                if matched == Self.key.count {
+                if matched == key.count {
                     inNumber = true
                     matched = 0
                 }
             } else {
-                matched = b == Self.key[0] ? 1 : 0
+                matched = b == key[0] ? 1 : 0
             }
         }
     }
