@@ -40,9 +40,12 @@ extension Engine {
 
     /// The view for a definition: shared when it exists, else built from the
     /// entities of its type in memory.
-    func queryView(_ spec: QuerySpec) -> QueryView {
+    func queryView(_ spec: QuerySpec) throws(ProtocolError) -> QueryView {
         let key = spec.canonicalKey
         if let v = queries.views[key] { return v }
+        if queries.views.count >= configuration.maxQueryViews {
+            throw ProtocolError(.limitExceeded, "the server already keeps \(configuration.maxQueryViews) live query definitions (--max-query-views); share a definition or drop one")
+        }
         let view = QueryView(key: key, spec: spec)
         let tq = typeQueries(spec.type)
         view.index = QueryIndexKey.of(spec.condition)
@@ -62,6 +65,14 @@ extension Engine {
         for id in view.members.keys { queries.memberOf[id, default: []].append(view) }
         tq.viewCount += 1
         queries.views[key] = view
+        // Memory is bounded by configuration: every view holds all its matches.
+        var held = 0
+        for v in queries.views.values { held += v.count }
+        if held > configuration.maxQueryMembers {
+            let n = view.count
+            dropQueryView(view)
+            throw ProtocolError(.limitExceeded, "this query matches \(n) entities; with the live queries already kept that is over \(configuration.maxQueryMembers) (--max-query-entities): narrow it with a condition")
+        }
         return view
     }
 
@@ -132,9 +143,9 @@ extension Engine {
 
     /// `get` with a query: answered from a shared view when one exists, else
     /// from a view built for this read and dropped at once.
-    func readQuery(_ spec: QuerySpec) -> (items: [JSON], count: Int) {
+    func readQuery(_ spec: QuerySpec) throws(ProtocolError) -> (items: [JSON], count: Int) {
         if let v = queries.views[spec.canonicalKey] { return (queryItems(v), v.count) }
-        let view = queryView(spec)
+        let view = try queryView(spec)
         let result = (queryItems(view), view.count)
         dropQueryView(view)
         return result

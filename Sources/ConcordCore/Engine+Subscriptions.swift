@@ -59,7 +59,7 @@ extension Engine {
             add(s, to: c)
             respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
         case .query(let spec):
-            let view = queryView(spec)
+            let view = try queryView(spec)
             let s = Subscription(client: c, name: name, kind: .query(view))
             view.add(s)
             add(s, to: c)

@@ -15,6 +15,14 @@ public struct EngineConfiguration: Sendable {
     public var maxLineBytes = 16 << 20
     /// Live subscriptions per connection. Default 65536.
     public var maxSubscriptionsPerConnection = 65536
+    /// Live query views (distinct definitions) in all; a subscription or `get`
+    /// that would build one more gets `limit_exceeded`. Default 100,000.
+    public var maxQueryViews = 100_000
+    /// Entities all query views may hold together (each view holds every
+    /// entity it matches, not only its window) when a new view is built;
+    /// past it the new view is refused with `limit_exceeded`. Default 4,000,000
+    /// (about 2 GB at today's ~570 bytes per member).
+    public var maxQueryMembers = 4_000_000
     /// Unsent output of a connection (bytes handed to the driver and not yet
     /// written, plus bytes queued in the core) above which its subscriptions
     /// coalesce instead of queueing every event (PROTOCOL.md §6.6). 0: never.
@@ -295,7 +303,7 @@ public final class Engine {
                 let items = store.collectionItems(name)
                 respond(c, rid: r.rid) { w in w.key("items"); w.value(.array(items)); w.key("seq"); w.int(seq) }
             case .query(let spec):
-                let (items, count) = readQuery(spec)
+                let (items, count) = try readQuery(spec)
                 respond(c, rid: r.rid) { w in
                     w.key("items"); w.value(.array(items))
                     w.key("count"); w.int(count)

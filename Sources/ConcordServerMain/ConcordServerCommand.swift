@@ -94,6 +94,12 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(help: "Bytes of memory (jemalloc allocated) above which records no view references are evicted from memory and reloaded from the backend on demand; 0: unbounded.")
     var memoryLimit: Int = 0
 
+    @Option(help: "Live query definitions (views) the server keeps in all; one more gets limit_exceeded.")
+    var maxQueryViews: Int = 100_000
+
+    @Option(help: "Entities all live query views may hold together (a view holds every match, not only its window); a new view past it gets limit_exceeded.")
+    var maxQueryEntities: Int = 4_000_000
+
     @Option(help: "Serve Prometheus metrics over HTTP at HOST:PORT/metrics, e.g. 127.0.0.1:9464 (off by default; keep it on loopback).")
     var metrics: String?
 
@@ -129,6 +135,8 @@ struct ConcordServerCommand: ParsableCommand {
         if memoryLimit > 0 && cache == "none" { throw ValidationError("--memory-limit needs a cache backend to evict to (not --cache none)") }
         if let t = cacheTtl, t < 0 { throw ValidationError("--cache-ttl must not be negative") }
         if let m = cacheMaxBytes, m < 0 { throw ValidationError("--cache-max-bytes must not be negative") }
+        if maxQueryViews < 1 { throw ValidationError("--max-query-views must be at least 1") }
+        if maxQueryEntities < 1 { throw ValidationError("--max-query-entities must be at least 1") }
         if let m = metrics, MetricsAddress.parse(m) == nil {
             throw ValidationError("--metrics must be HOST:PORT with a numeric address, e.g. 127.0.0.1:9464 or [::1]:9464")
         }
@@ -190,6 +198,8 @@ struct ConcordServerCommand: ParsableCommand {
         config.engine.maxLineBytes = maxLineBytes
         config.engine.maxDepth = maxDepth
         config.engine.maxSubscriptionsPerConnection = maxSubscriptionsPerConnection
+        config.engine.maxQueryViews = maxQueryViews
+        config.engine.maxQueryMembers = maxQueryEntities
 
         config.cache = cache
         config.cacheConfig = try mergedCacheConfig()

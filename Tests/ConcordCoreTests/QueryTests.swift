@@ -158,6 +158,27 @@ import Testing
         #expect(h.engine.queries.memberOf.isEmpty)
     }
 
+    /// A client cannot grow the server's query memory without bound: views
+    /// and the entities they hold are capped by configuration.
+    @Test func queryViewsAndTheirEntitiesAreBounded() {
+        var config = EngineConfiguration()
+        config.maxQueryViews = 2
+        config.maxQueryMembers = 6
+        let h = EngineHarness(configuration: config)
+        let c = h.connect()
+        Self.posts(h, c)
+        c.ok(#"{"op":"subscribe","sub":"a","query":{"type":"Post","limit":1}}"#)   // 5 members
+        // One more entity: 6 in all, still allowed; a second view of 5 would make 11.
+        #expect(c.error(#"{"op":"subscribe","sub":"b","query":{"type":"Post","offset":1}}"#) == "limit_exceeded")
+        #expect(c.error(#"{"op":"get","query":{"type":"Post","offset":1}}"#) == "limit_exceeded")
+        #expect(h.engine.queries.views.count == 1)
+        // Sharing a definition costs nothing more.
+        c.ok(#"{"op":"subscribe","sub":"b","query":{"type":"Post","limit":1}}"#)
+        c.ok(#"{"op":"subscribe","sub":"c","query":{"type":"Post","where":{"path":"date","eq":10}}}"#)   // 1 member
+        #expect(c.error(#"{"op":"subscribe","sub":"d","query":{"type":"Nothing"}}"#) == "limit_exceeded")   // a third view
+        #expect(h.engine.queries.views.count == 2)
+    }
+
     @Test(arguments: [
         (#"{"type":1}"#, "query.type"),
         (#"{}"#, "query.type is missing"),
