@@ -96,6 +96,7 @@ public final class Backend: @unchecked Sendable {
         guard t.open != nil, t.get != nil, t.put != nil, t.del != nil, t.write_batch != nil, t.clear != nil,
               t.close != nil, t.free_buffer != nil
         else {
+            table.deallocate()
             throw BackendError(description: "cache backend '\(spec)': \(path) leaves required entries of its method table empty")
         }
         let name = t.name.map { String(cString: $0) } ?? spec
@@ -120,6 +121,7 @@ public final class Backend: @unchecked Sendable {
             let reason = err.map { String(cString: $0) } ?? "open failed without a message"
             if let err { t.free_buffer!(err) }
             host.deallocate()
+            table.deallocate()
             throw BackendError(description: "cache backend '\(spec)' (\(path)): open failed: \(reason)")
         }
         return Backend(name: name, path: path, api: UnsafePointer(table), instance: instance, hostContext: context, host: host)
@@ -243,9 +245,11 @@ public final class Backend: @unchecked Sendable {
         return (try? JSONParser(maxDepth: 16).parse(bytes)) ?? .object(JSONObject())
     }
 
+    /// Closes the instance and frees the host's copies (call once, last).
     public func close() {
         api.pointee.close!(instance)
         host.deallocate()
+        UnsafeMutablePointer(mutating: api).deallocate()
     }
 }
 

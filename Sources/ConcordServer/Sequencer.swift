@@ -151,6 +151,15 @@ final class Sequencer: @unchecked Sendable {
         storage?.stop(timeout: shutdownTimeout) ?? 0
     }
 
+    /// Start-up failed after the backend was attached (the sequencer never
+    /// ran): stop the storage thread and drop it, which also breaks the
+    /// reference cycle through its event callback.
+    func abandonStorage() {
+        _ = storage?.stop(timeout: 0)
+        storage = nil
+        statsSource.storage = nil
+    }
+
     func start() {
         startThread(name: "concord-seq") { [self] in self.run() }
     }

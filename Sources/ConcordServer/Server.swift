@@ -186,7 +186,13 @@ public final class Server {
                 throw StartupError(description: error.description)
             }
         }
-        try listen()
+        do {
+            try listen()
+        } catch {
+            // The backend is open and its thread runs: stop it (nothing was written).
+            sequencer.abandonStorage()
+            throw error
+        }
         if let address = configuration.metricsAddress {
             let sequencer = self.sequencer!
             let m = MetricsEndpoint(loop: loop, logger: logger) { token in sequencer.submit(.metrics(token: token)) }
@@ -198,6 +204,7 @@ public final class Server {
                 listener = nil
                 uv_run(loop, UV_RUN_NOWAIT)
                 unlink(configuration.socketPath)
+                sequencer.abandonStorage()
                 throw error
             }
             metricsEndpoint = m
