@@ -36,17 +36,25 @@ extension Engine {
             let actual = view.tree.ids(0 ..< view.tree.count)
             if actual != expected.map(\.id) { note("query view \(key): holds \(actual.prefix(10)) but \(expected.prefix(10).map(\.id)) match") }
             if Set(view.members.keys) != Set(actual) { note("query view \(key): members disagree with its tree") }
-            for id in actual where !(queries.memberOf[id]?.contains { $0 === view } ?? false) {
+            for id in actual where !(queries.memberOf[id]?.contains(view) ?? false) {
                 note("query view \(key): \(id) is not indexed to it")
             }
         }
         for (id, views) in queries.memberOf {
-            for v in views where v.members[id] == nil { note("\(id) is indexed to query view \(v.key), which does not hold it") }
+            views.forEach { v in if v.members[id] == nil { note("\(id) is indexed to query view \(v.key), which does not hold it") } }
         }
         for (type, tq) in queries.types {
             let prefix = type + ":"
             let inMemory = Set(store.entities.keys.filter { $0.hasPrefix(prefix) })
             if inMemory != tq.entities { note("type \(type): the query index knows \(tq.entities.count) entities, memory holds \(inMemory.count)") }
+            for (pk, entry) in tq.paths {
+                var expected: [String: Set<String>] = [:]
+                for id in inMemory {
+                    if let v = store.entity(id), let x = QueryEval.value(v, entry.path), let k = QueryEval.indexKey(x) { expected[k, default: []].insert(id) }
+                }
+                let actual = (tq.entitiesByValue[pk] ?? [:]).filter { !$0.value.isEmpty }
+                if actual != expected { note("type \(type): the value index of \(entry.path) disagrees with the entities") }
+            }
         }
         return problems
     }

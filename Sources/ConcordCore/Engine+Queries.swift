@@ -22,9 +22,38 @@ final class TypeQueries {
     /// type, kept up to date while one lives (a new definition scans it).
     var entities: Set<String> = []
     /// path → value key → entities with that value (for building indexed
-    /// views without scanning the whole type), and each entity's key.
+    /// views without scanning the whole type). An entity's old key is read
+    /// from its value before the mutation, so none is stored per entity.
     var entitiesByValue: [String: [String: Set<String>]] = [:]
-    var valueOf: [String: [String: String]] = [:]
+}
+
+/// The query views one entity is a member of. Most entities are in one:
+/// it is kept inline, and an array is only allocated for a second.
+struct ViewList {
+    private(set) var first: QueryView
+    private var rest: [QueryView] = []
+
+    init(_ view: QueryView) { first = view }
+
+    mutating func append(_ view: QueryView) { rest.append(view) }
+
+    func contains(_ view: QueryView) -> Bool { first === view || rest.contains { $0 === view } }
+
+    func forEach(_ body: (QueryView) -> Void) {
+        body(first)
+        for v in rest { body(v) }
+    }
+
+    /// Removes `view`; false when nothing is left.
+    mutating func remove(_ view: QueryView) -> Bool {
+        if first === view {
+            guard let last = rest.popLast() else { return false }
+            first = last
+            return true
+        }
+        rest.removeAll { $0 === view }
+        return true
+    }
 }
 
 /// Queries' state in the engine.
@@ -32,7 +61,7 @@ final class QueryRegistry {
     var views: [String: QueryView] = [:]
     var types: [String: TypeQueries] = [:]
     /// Entity → the views it is a member of.
-    var memberOf: [String: [QueryView]] = [:]
+    var memberOf: [String: ViewList] = [:]
 }
 
 extension Engine {
@@ -62,7 +91,9 @@ extension Engine {
             for id in tq.entities { if let v = store.entity(id) { view.add(id, v) } }
             tq.unindexed.append(view)
         }
-        for id in view.members.keys { queries.memberOf[id, default: []].append(view) }
+        for id in view.members.keys {
+            if queries.memberOf[id] == nil { queries.memberOf[id] = ViewList(view) } else { queries.memberOf[id]!.append(view) }
+        }
         tq.viewCount += 1
         queries.views[key] = view
         // Memory is bounded by configuration: every view holds all its matches.
@@ -89,14 +120,11 @@ extension Engine {
         let pk = Self.pathKey(path)
         guard tq.entitiesByValue[pk] == nil else { return }
         var byValue: [String: Set<String>] = [:]
-        var keys: [String: String] = [:]
         for id in tq.entities {
             guard let v = store.entity(id), let x = QueryEval.value(v, path), let k = QueryEval.indexKey(x) else { continue }
             byValue[k, default: []].insert(id)
-            keys[id] = k
         }
         tq.entitiesByValue[pk] = byValue
-        tq.valueOf[pk] = keys
     }
 
     /// A view lost its last subscriber: unfile it and forget its members.
@@ -104,8 +132,7 @@ extension Engine {
         queries.views[view.key] = nil
         for id in view.members.keys {
             if var list = queries.memberOf[id] {
-                list.removeAll { $0 === view }
-                queries.memberOf[id] = list.isEmpty ? nil : list
+                queries.memberOf[id] = list.remove(view) ? list : nil
             }
         }
         view.dropAll()
@@ -121,7 +148,6 @@ extension Engine {
                 tq.paths[pk] = nil
                 tq.byValue[pk] = nil
                 tq.entitiesByValue[pk] = nil
-                tq.valueOf[pk] = nil
             } else {
                 tq.paths[pk]?.views = left
             }
@@ -179,15 +205,15 @@ extension Engine {
             if value == nil { tq.entities.remove(id) } else if before == .null { tq.entities.insert(id) }
             for (pk, entry) in tq.paths {
                 let newKey = value.flatMap { QueryEval.value($0, entry.path) }.flatMap(QueryEval.indexKey)
-                let oldKey = tq.valueOf[pk]?[id]
+                let oldKey = before == .null ? nil : QueryEval.value(before, entry.path).flatMap(QueryEval.indexKey)
                 if oldKey != newKey {
                     if let oldKey { tq.entitiesByValue[pk]?[oldKey]?.remove(id) }
                     if let newKey { tq.entitiesByValue[pk]?[newKey, default: []].insert(id) }
-                    tq.valueOf[pk]?[id] = newKey
                 }
             }
             // Candidates: where it is, where its new value may put it, and the unindexed.
-            var candidates: [QueryView] = queries.memberOf[id] ?? []
+            var candidates: [QueryView] = []
+            queries.memberOf[id]?.forEach { candidates.append($0) }
             if let value {
                 for (pk, entry) in tq.paths {
                     guard let x = QueryEval.value(value, entry.path), let vk = QueryEval.indexKey(x),
@@ -210,7 +236,13 @@ extension Engine {
                     if view.apply(id, value: value, current: current) { members.append(view) }
                 }
             }
-            queries.memberOf[id] = members.isEmpty ? nil : members
+            if members.isEmpty {
+                queries.memberOf[id] = nil
+            } else {
+                var list = ViewList(members[0])
+                for v in members.dropFirst() { list.append(v) }
+                queries.memberOf[id] = list
+            }
         }
         touched.sort { $0.key < $1.key }
         var out: [(QueryView, [CollectionChange])] = []

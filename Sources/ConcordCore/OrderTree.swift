@@ -9,7 +9,7 @@ import ConcordJSON
 /// strict total order (the identity breaks ties, so no two elements are equal).
 struct OrderTree {
     struct Element {
-        var values: [SortValue]
+        var values: SortKey
         var id: String
     }
 
@@ -91,12 +91,21 @@ struct OrderTree {
 
     /// Inserts `e` (not present) and returns its position.
     @discardableResult
-    mutating func insert(_ e: Element) -> Int {
+    mutating func insert(_ e: Element) -> Int { insertNode(e).position }
+
+    /// Inserts `e` (not present): its position, and its node — a handle that
+    /// stays valid (``element(_:)``) until `e` is removed.
+    @discardableResult
+    mutating func insertNode(_ e: Element) -> (position: Int, node: Int32) {
         let (a, b) = split(root, e)
         let pos = Int(sz(a))
-        root = merge(merge(a, newNode(e)), b)
-        return pos
+        let n = newNode(e)
+        root = merge(merge(a, n), b)
+        return (pos, n)
     }
+
+    /// The element a node handle (from ``insertNode(_:)``) holds.
+    func element(_ node: Int32) -> Element { elements[Int(node)] }
 
     /// Removes `e` (present) and returns the position it had.
     @discardableResult
@@ -115,7 +124,7 @@ struct OrderTree {
             right[Int(n)] = removeNode(right[Int(n)], e)
         } else {
             let m = merge(left[Int(n)], right[Int(n)])
-            elements[Int(n)] = Element(values: [], id: "")
+            elements[Int(n)] = Element(values: SortKey(), id: "")
             free.append(n)
             return m
         }

@@ -61,6 +61,22 @@ enum SortValue {
     }
 }
 
+/// An entity's sort values, the first one inline: most queries order by one
+/// member, and then a member costs no array of its own.
+struct SortKey {
+    var first: SortValue = .missing
+    var rest: [SortValue] = []
+
+    init() {}
+
+    init(_ values: [SortValue]) {
+        if let f = values.first { first = f }
+        if values.count > 1 { rest = Array(values.dropFirst()) }
+    }
+
+    subscript(i: Int) -> SortValue { i == 0 ? first : rest[i - 1] }
+}
+
 /// Evaluating queries on materialized values (PROTOCOL.md §3.1).
 enum QueryEval {
     /// The value at `path`, reading through objects only (nested entities are

@@ -15,8 +15,8 @@ final class QueryView: SharedView {
     let key: String
     let spec: QuerySpec
     var tree: OrderTree
-    /// Each member's identity → its sort values as filed in the tree.
-    var members: [String: [SortValue]] = [:]
+    /// Each member's identity → its node in the tree (which holds its sort values).
+    var members: [String: Int32] = [:]
     /// Window changes of the mutation being rendered, and the count before it.
     var pending: [CollectionChange] = []
     var countBefore = 0
@@ -57,14 +57,21 @@ final class QueryView: SharedView {
         return QueryEval.matches(value, c)
     }
 
-    func sortValues(_ value: JSON) -> [SortValue] { spec.order.map { SortValue(QueryEval.value(value, $0.path)) } }
+    func sortValues(_ value: JSON) -> SortKey {
+        switch spec.order.count {
+        case 0: return SortKey()
+        case 1:
+            var k = SortKey()
+            k.first = SortValue(QueryEval.value(value, spec.order[0].path))
+            return k
+        default: return SortKey(spec.order.map { SortValue(QueryEval.value(value, $0.path)) })
+        }
+    }
 
     /// Files an entity without producing changes (building the view).
     func add(_ id: String, _ value: JSON) {
         guard matches(value) else { return }
-        let values = sortValues(value)
-        members[id] = values
-        tree.insert(.init(values: values, id: id))
+        members[id] = tree.insertNode(.init(values: sortValues(value), id: id)).node
     }
 
     /// Removes an entity without producing changes (the view is being dropped).
@@ -74,8 +81,8 @@ final class QueryView: SharedView {
         pending = []
     }
 
-    private func sameValues(_ a: [SortValue], _ b: [SortValue]) -> Bool {
-        for i in a.indices where SortValue.compare(a[i], b[i]) != 0 { return false }
+    private func sameValues(_ a: SortKey, _ b: SortKey) -> Bool {
+        for i in spec.order.indices where SortValue.compare(a[i], b[i]) != 0 { return false }
         return true
     }
 
@@ -88,7 +95,7 @@ final class QueryView: SharedView {
             touched = true
             countBefore = tree.count
         }
-        let old = members[id]
+        let old = members[id].map { tree.element($0).values }
         let isMember = value.map(matches) ?? false
         guard old != nil || isMember else { return false }
         let k = spec.offset
@@ -104,13 +111,12 @@ final class QueryView: SharedView {
             let m = windowSize(n)
             if sameValues(ov, nv) {
                 let r = tree.rank(.init(values: ov, id: id)) - k
-                members[id] = nv
                 if r >= 0 && r < m { pending.append(.update(index: r, item: v)) }
                 return true
             }
             let rOld = tree.remove(.init(values: ov, id: id))
-            let rNew = tree.insert(.init(values: nv, id: id))
-            members[id] = nv
+            let (rNew, node) = tree.insertNode(.init(values: nv, id: id))
+            members[id] = node
             let i = rOld - k, j = rNew - k
             let inOld = i >= 0 && i < m, inNew = j >= 0 && j < m
             if rOld == rNew {
@@ -140,8 +146,8 @@ final class QueryView: SharedView {
         case (nil, true):
             let v = value!
             let nv = sortValues(v)
-            let rNew = tree.insert(.init(values: nv, id: id))
-            members[id] = nv
+            let (rNew, node) = tree.insertNode(.init(values: nv, id: id))
+            members[id] = node
             let before = windowSize(n), after = windowSize(n + 1)
             let full = spec.limit.map { before == $0 } ?? false
             let j = rNew - k

@@ -258,7 +258,9 @@ do {
         rows.append(("\(label): p50 / p99 (µs)", String(format: "%.0f / %.0f", q.p50, q.p99), "-", "-"))
         rows.append(("\(label): events/s; updates/s", "\(fmt(q.eventsPerSecond)); \(fmt(q.updatesPerSecond))", "-", "-"))
         rows.append(("\(label): server CPU µs per update", String(format: "%.1f", q.cpuMicrosPerUpdate), "-", "-"))
-        rows.append(("\(label): bytes per view; per extra subscription", String(format: "%.0f; %.0f", q.bytesPerView, q.bytesPerSubscription), "-", "-"))
+        if subs > 0 {
+            rows.append(("\(label): bytes per view; per extra subscription", String(format: "%.0f; %.0f", q.bytesPerView, q.bytesPerSubscription), "-", "-"))
+        }
     }
 
     // 6. Scaling: --threads 1 vs 2 on dense fan-out of model views (the work the pool parallelizes).
