@@ -227,13 +227,15 @@ extension Engine {
             var members: [QueryView] = []
             if candidates.count == 1 {
                 let view = candidates[0]
-                if !view.touched { touched.append(view) }
+                let listed = view.touched
                 if view.apply(id, value: value, current: current) { members.append(view) }
+                if !listed && view.touched { touched.append(view) }
             } else {
                 var seen: Set<ObjectIdentifier> = []
                 for view in candidates where seen.insert(ObjectIdentifier(view)).inserted {
-                    if !view.touched { touched.append(view) }
+                    let listed = view.touched
                     if view.apply(id, value: value, current: current) { members.append(view) }
+                    if !listed && view.touched { touched.append(view) }
                 }
             }
             if members.isEmpty {

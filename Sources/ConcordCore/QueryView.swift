@@ -91,13 +91,15 @@ final class QueryView: SharedView {
     /// Returns true when the entity is a member afterwards.
     @discardableResult
     func apply(_ id: String, value: JSON?, current: (String) -> JSON?) -> Bool {
+        let old = members[id].map { tree.element($0).values }
+        let isMember = value.map(matches) ?? false
+        guard old != nil || isMember else { return false }
+        // Touched only when the entity concerns it (an unindexed view tested
+        // and not matched costs nothing more).
         if !touched {
             touched = true
             countBefore = tree.count
         }
-        let old = members[id].map { tree.element($0).values }
-        let isMember = value.map(matches) ?? false
-        guard old != nil || isMember else { return false }
         let k = spec.offset
         let n = tree.count
         func item(_ pos: Int) -> JSON { current(tree.select(pos).id) ?? .null }

@@ -35,8 +35,12 @@ private func allocated(_ c: Conn) -> Int {
     return Int(text[r.upperBound...].prefix { $0.isNumber }) ?? 0
 }
 
+/// `indexed`: false gives each definition a range of dates instead of an
+/// author (`date ≥ a·k and date < (a+1)·k`, entities/views members each): a
+/// predicate the server cannot index, so every changed post is tested
+/// against every view. `views` (default: one per author) sets how many.
 func queryScenario(server: ServerProc, socket: String, entities: Int, authors: Int, subscriptions: Int,
-                   connections: Int, rate: Double, duration: Double) throws -> QueryResult {
+                   connections: Int, rate: Double, duration: Double, indexed: Bool = true, views: Int? = nil) throws -> QueryResult {
     let setupStart = nowNanos()
     let w = try Conn(socket)
     // Posts i: author i % authors, date i.
@@ -56,8 +60,13 @@ func queryScenario(server: ServerProc, socket: String, entities: Int, authors: I
     w.write(buf)
     w.skipLines(pending)
 
+    let definitions = views ?? authors
+    let span = entities / definitions
     func definition(_ a: Int) -> String {
-        #"{"type":"Post","where":{"path":"author.id","eq":"Person:\#(a)"},"order":[{"path":"date","desc":true}],"limit":20}"#
+        if !indexed {
+            return #"{"type":"Post","where":{"all":[{"path":"date","gte":\#(a * span)},{"path":"date","lt":\#((a + 1) * span)}]},"order":[{"path":"date","desc":true}],"limit":20}"#
+        }
+        return #"{"type":"Post","where":{"path":"author.id","eq":"Person:\#(a)"},"order":[{"path":"date","desc":true}],"limit":20}"#
     }
     let probe = try Conn(socket)
     let conns = try (0..<connections).map { _ in try Conn(socket) }
@@ -69,7 +78,7 @@ func queryScenario(server: ServerProc, socket: String, entities: Int, authors: I
         var counts = [Int](repeating: 0, count: connections)
         for _ in 0..<n {
             let c = k % connections
-            perConn[c] += #"{"op":"subscribe","sub":"q\#(k)","query":\#(definition(k % authors))}"# + "\n"
+            perConn[c] += #"{"op":"subscribe","sub":"q\#(k)","query":\#(definition(k % definitions))}"# + "\n"
             counts[c] += 1
             k += 1
         }
@@ -78,11 +87,11 @@ func queryScenario(server: ServerProc, socket: String, entities: Int, authors: I
             conns[c].skipLines(counts[c])
         }
     }
-    if subscriptions > 0 { subscribe(min(authors, subscriptions)) }
+    if subscriptions > 0 { subscribe(min(definitions, subscriptions)) }
     let afterViews = allocated(probe)
-    subscribe(subscriptions - min(authors, subscriptions))
+    subscribe(subscriptions - min(definitions, subscriptions))
     let afterSubs = allocated(probe)
-    let views = min(authors, subscriptions)
+    let views = min(definitions, subscriptions)
     let extra = subscriptions - views
     let perSub = extra > 0 ? Double(afterSubs - afterViews) / Double(extra) : 0
     let setup = seconds(since: setupStart)

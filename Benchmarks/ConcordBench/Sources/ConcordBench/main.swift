@@ -46,7 +46,7 @@ let dir = NSTemporaryDirectory() + "concord-bench-\(getpid())"
 try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
 
 nonisolated(unsafe) var step = 0
-let totalSteps = 19
+let totalSteps = 21
 /// Announces a scenario; false when `--only` excludes it.
 @discardableResult
 func progress(_ what: String) -> Bool {
@@ -261,6 +261,22 @@ do {
         if subs > 0 {
             rows.append(("\(label): bytes per view; per extra subscription", String(format: "%.0f; %.0f", q.bytesPerView, q.bytesPerSubscription), "-", "-"))
         }
+    }
+
+    // Predicates that cannot be indexed (date ranges): 100 and 1000 views, one
+    // subscription each, the same writes at 500 updates/s (1000 authors).
+    for views in [100, 1000] {
+        guard progress("live queries, \(views) unindexed views, 100k posts, 500 updates/s") else { continue }
+        let (cp, c) = try concord()
+        let q = try queryScenario(server: cp, socket: c.socket, entities: 100_000, authors: 1000, subscriptions: views,
+                                  connections: min(views, 100), rate: 500, duration: options.full ? 10 : 3, indexed: false,
+                                  views: views)
+        cp.stop()
+        results["query_unindexed_\(views)_cpu_us_per_update"] = q.cpuMicrosPerUpdate
+        results["query_unindexed_\(views)_p50_us"] = q.p50
+        results["query_unindexed_\(views)_p99_us"] = q.p99
+        rows.append(("live queries, \(views) unindexed views (date ranges), 500 updates/s: CPU µs per update; p50 / p99 (µs)",
+                     String(format: "%.0f; %.0f / %.0f", q.cpuMicrosPerUpdate, q.p50, q.p99), "-", "-"))
     }
 
     // 6. Scaling: --threads 1 vs 2 on dense fan-out of model views (the work the pool parallelizes).
