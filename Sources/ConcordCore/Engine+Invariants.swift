@@ -43,6 +43,8 @@ extension Engine {
         for (id, views) in queries.memberOf {
             views.forEach { v in if v.members[id] == nil { note("\(id) is indexed to query view \(v.key), which does not hold it") } }
         }
+        let held = queries.views.values.reduce(0) { $0 + $1.count }
+        if held != queries.heldMembers { note("query views hold \(held) entities but \(queries.heldMembers) are counted") }
         for (type, tq) in queries.types {
             let prefix = type + ":"
             let inMemory = Set(store.entities.keys.filter { $0.hasPrefix(prefix) })

@@ -62,6 +62,9 @@ final class QueryRegistry {
     var types: [String: TypeQueries] = [:]
     /// Entity → the views it is a member of.
     var memberOf: [String: ViewList] = [:]
+    /// Entities all views hold together (the sum of their counts), kept as
+    /// views are built, dropped and changed (`--max-query-entities`).
+    var heldMembers = 0
 }
 
 extension Engine {
@@ -97,9 +100,8 @@ extension Engine {
         tq.viewCount += 1
         queries.views[key] = view
         // Memory is bounded by configuration: every view holds all its matches.
-        var held = 0
-        for v in queries.views.values { held += v.count }
-        if held > configuration.maxQueryMembers {
+        queries.heldMembers += view.count
+        if queries.heldMembers > configuration.maxQueryMembers {
             let n = view.count
             dropQueryView(view)
             throw ProtocolError(.limitExceeded, "this query matches \(n) entities; with the live queries already kept that is over \(configuration.maxQueryMembers) (--max-query-entities): narrow it with a condition")
@@ -130,6 +132,7 @@ extension Engine {
     /// A view lost its last subscriber: unfile it and forget its members.
     func dropQueryView(_ view: QueryView) {
         queries.views[view.key] = nil
+        queries.heldMembers -= view.count
         for id in view.members.keys {
             if var list = queries.memberOf[id] {
                 queries.memberOf[id] = list.remove(view) ? list : nil
@@ -249,6 +252,7 @@ extension Engine {
         touched.sort { $0.key < $1.key }
         var out: [(QueryView, [CollectionChange])] = []
         for view in touched {
+            queries.heldMembers += view.count - view.countBefore
             if let changes = view.takeChanges(current: current) { out.append((view, changes)) }
         }
         return out
@@ -291,5 +295,6 @@ extension Engine {
         queries.views = [:]
         queries.types = [:]
         queries.memberOf = [:]
+        queries.heldMembers = 0
     }
 }
