@@ -5,6 +5,13 @@
 // from the root package it takes just the Unix-socket helper (ConcordSocket).
 import PackageDescription
 
+// SwiftPM names a path dependency after its folder (lowercased), so the root
+// package's identity is the name of whatever folder the clone lives in.
+let concordIdentity: String = {
+    let parts = #filePath.split(separator: "/")
+    return parts[parts.count - 4].lowercased()
+}()
+
 let package = Package(
     name: "ConcordBench",
     dependencies: [
@@ -17,7 +24,7 @@ let package = Package(
             name: "concord-bench",
             dependencies: [
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
-                .product(name: "ConcordSocket", package: "main"),
+                .product(name: "ConcordSocket", package: concordIdentity),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Sources/ConcordBench"

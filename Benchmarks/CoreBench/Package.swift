@@ -8,6 +8,13 @@
 //   (or `make bench-core` from the root)
 import PackageDescription
 
+// SwiftPM names a path dependency after its folder (lowercased), so the root
+// package's identity is the name of whatever folder the clone lives in.
+let concordIdentity: String = {
+    let parts = #filePath.split(separator: "/")
+    return parts[parts.count - 4].lowercased()
+}()
+
 let package = Package(
     name: "CoreBench",
     dependencies: [
@@ -19,8 +26,8 @@ let package = Package(
             name: "Core",
             dependencies: [
                 .product(name: "Benchmark", package: "benchmark"),
-                .product(name: "_ConcordCore", package: "main"),
-                .product(name: "ConcordJSON", package: "main"),
+                .product(name: "_ConcordCore", package: concordIdentity),
+                .product(name: "ConcordJSON", package: concordIdentity),
             ],
             path: "Benchmarks/Core",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]

@@ -1,4 +1,4 @@
-import CConcordBackendABI
+public import CConcordBackendABI
 import ConcordBackendKit
 import ConcordJSON
 

@@ -1,4 +1,4 @@
-import CConcordBackendABI
+public import CConcordBackendABI
 import CSQLite
 import ConcordBackendKit
 import ConcordJSON

@@ -1,6 +1,6 @@
 import CConcordBackendABI
-import ConcordJSON
-import Logging
+public import ConcordJSON
+public import Logging
 
 #if canImport(Glibc)
 import Glibc

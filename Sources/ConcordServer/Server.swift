@@ -5,7 +5,7 @@ import ConcordJSON
 import ConcordProtocol
 import ConcordSocket
 import CoreMetrics
-import Logging
+public import Logging
 import Synchronization
 
 #if canImport(Glibc)

@@ -1,4 +1,4 @@
-import ConcordCore
+public import ConcordCore
 import ConcordProtocol
 import Logging
 

@@ -1,5 +1,5 @@
 import ConcordSocket
-import Foundation
+public import Foundation
 
 #if canImport(Glibc)
 import Glibc
