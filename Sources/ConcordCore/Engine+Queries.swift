@@ -101,10 +101,10 @@ extension Engine {
         queries.views[key] = view
         // Memory is bounded by configuration: every view holds all its matches.
         queries.heldMembers += view.count
-        if queries.heldMembers > configuration.maxQueryMembers {
+        if queries.heldMembers > configuration.maxQueryEntities {
             let n = view.count
             dropQueryView(view)
-            throw ProtocolError(.limitExceeded, "this query matches \(n) entities; with the live queries already kept that is over \(configuration.maxQueryMembers) (--max-query-entities): narrow it with a condition")
+            throw ProtocolError(.limitExceeded, "this query matches \(n) entities; with the live queries already kept that is over \(configuration.maxQueryEntities) (--max-query-entities): narrow it with a condition")
         }
         return view
     }

@@ -22,7 +22,7 @@ public struct EngineConfiguration: Sendable {
     /// entity it matches, not only its window) when a new view is built;
     /// past it the new view is refused with `limit_exceeded`. Default 4,000,000
     /// (about 2 GB at today's ~570 bytes per member).
-    public var maxQueryMembers = 4_000_000
+    public var maxQueryEntities = 4_000_000
     /// Unsent output of a connection (bytes handed to the driver and not yet
     /// written, plus bytes queued in the core) above which its subscriptions
     /// coalesce instead of queueing every event (PROTOCOL.md §6.6). 0: never.

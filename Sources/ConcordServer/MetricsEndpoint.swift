@@ -66,22 +66,23 @@ final class MetricsEndpoint {
         }
         var storage = sockaddr_storage()
         let ok = withUnsafeMutablePointer(to: &storage) { p -> Bool in
-            p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { uv_ip6_addr(host, port, $0) == 0 }
-                || p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { uv_ip4_addr(host, port, $0) == 0 }
+            p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { (try? uvCall("uv_ip6_addr", uv_ip6_addr(host, port, $0))) != nil }
+                || p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { (try? uvCall("uv_ip4_addr", uv_ip4_addr(host, port, $0))) != nil }
         }
         guard ok else { throw StartupError(description: "--metrics: '\(host)' is not an IPv4 or IPv6 address") }
         let t = UnsafeMutablePointer<uv_tcp_t>.allocate(capacity: 1)
-        uv_tcp_init(loop, t)
+        uvMust("uv_tcp_init", uv_tcp_init(loop, t))
         uv_handle_set_data(asHandle(t), Unmanaged.passUnretained(self).toOpaque())
-        let rc = withUnsafePointer(to: &storage) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { uv_tcp_bind(t, $0, 0) }
-        }
-        let rc2 = rc == 0 ? uv_listen(asStream(t), 16) { server, status in
-            MetricsEndpoint.from(server).accept(status: status)
-        } : rc
-        if rc2 != 0 {
+        do {
+            try uvCall("uv_tcp_bind", withUnsafePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { uv_tcp_bind(t, $0, 0) }
+            })
+            try uvCall("uv_listen", uv_listen(asStream(t), 16) { server, status in
+                MetricsEndpoint.from(server).accept(status: status)
+            })
+        } catch {
             uv_close(asHandle(t)) { h in h?.deallocate() }
-            throw StartupError(description: "cannot listen for metrics on \(text): \(uvErrorName(Int(rc2)))")
+            throw StartupError(description: "cannot listen for metrics on \(text): \(error)")
         }
         listener = t
         // The port actually bound (`:0` asks the system for a free one).
@@ -89,7 +90,7 @@ final class MetricsEndpoint {
         var len = Int32(MemoryLayout<sockaddr_storage>.size)
         var boundPort = port
         withUnsafeMutablePointer(to: &bound) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { _ = uv_tcp_getsockname(t, $0, &len) }
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { _ = try? uvCall("uv_tcp_getsockname", uv_tcp_getsockname(t, $0, &len)) }
             if p.pointee.ss_family == sa_family_t(AF_INET) {
                 p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { boundPort = Int32(UInt16(bigEndian: $0.pointee.sin_port)) }
             } else {
@@ -118,13 +119,13 @@ final class MetricsEndpoint {
         guard status >= 0, let listener else { return }
         let e = Exchange(token: nextToken, endpoint: self)
         nextToken += 1
-        uv_tcp_init(loop, e.tcp)
-        guard uv_accept(asStream(listener), asStream(e.tcp)) == 0 else {
+        uvMust("uv_tcp_init", uv_tcp_init(loop, e.tcp))
+        guard (try? uvCall("uv_accept", uv_accept(asStream(listener), asStream(e.tcp)))) != nil else {
             uv_close(asHandle(e.tcp)) { h in h?.deallocate() }
             e.timer.deallocate()
             return
         }
-        uv_timer_init(loop, e.timer)
+        uvMust("uv_timer_init", uv_timer_init(loop, e.timer))
         let opaque = Unmanaged.passRetained(e).toOpaque()
         uv_handle_set_data(asHandle(e.tcp), opaque)
         uv_handle_set_data(asHandle(e.timer), opaque)
@@ -133,18 +134,22 @@ final class MetricsEndpoint {
             reply(e, status: "503 Service Unavailable", body: Array("too many scrapes at once\n".utf8))
             return
         }
-        uv_timer_start(e.timer, { h in
+        uvMust("uv_timer_start", uv_timer_start(e.timer, { h in
             let e = Unmanaged<Exchange>.fromOpaque(uv_handle_get_data(asHandle(h!))!).takeUnretainedValue()
             e.endpoint.finish(e)
-        }, Self.timeoutMs, 0)
-        uv_read_start(asStream(e.tcp), { _, suggested, buf in
-            let size = min(suggested, 4096)
-            buf!.pointee = uv_buf_t(base: UnsafeMutablePointer<CChar>.allocate(capacity: size), len: size)
-        }, { stream, nread, buf in
-            let e = Unmanaged<Exchange>.fromOpaque(uv_handle_get_data(asHandle(stream!))!).takeUnretainedValue()
-            defer { buf?.pointee.base?.deallocate() }
-            e.endpoint.read(e, nread: nread, base: buf?.pointee.base)
-        })
+        }, Self.timeoutMs, 0))
+        do {
+            try uvCall("uv_read_start", uv_read_start(asStream(e.tcp), { _, suggested, buf in
+                let size = min(suggested, 4096)
+                buf!.pointee = uv_buf_t(base: UnsafeMutablePointer<CChar>.allocate(capacity: size), len: size)
+            }, { stream, nread, buf in
+                let e = Unmanaged<Exchange>.fromOpaque(uv_handle_get_data(asHandle(stream!))!).takeUnretainedValue()
+                defer { buf?.pointee.base?.deallocate() }
+                e.endpoint.read(e, nread: nread, base: buf?.pointee.base)
+            }))
+        } catch {
+            finish(e)
+        }
     }
 
     private func read(_ e: Exchange, nread: Int, base: UnsafeMutablePointer<CChar>?) {
@@ -158,7 +163,7 @@ final class MetricsEndpoint {
             }
             return
         }
-        uv_read_stop(asStream(e.tcp))
+        uvMust("uv_read_stop", uv_read_stop(asStream(e.tcp)))
         let line = e.head[..<end].split(separator: 0x0D, maxSplits: 1).first.map { String(decoding: $0, as: UTF8.self) } ?? ""
         let parts = line.split(separator: " ")
         guard parts.count == 3, parts[2].hasPrefix("HTTP/1.") else {
@@ -191,7 +196,7 @@ final class MetricsEndpoint {
     private func reply(_ e: Exchange, status: String, body: [UInt8], contentType: String = "text/plain; charset=utf-8",
                        extra: String = "") {
         guard !e.closing else { return }
-        uv_read_stop(asStream(e.tcp))
+        uvMust("uv_read_stop", uv_read_stop(asStream(e.tcp)))
         var head = "HTTP/1.1 \(status)\r\nContent-Type: \(contentType)\r\nContent-Length: \(body.count)\r\n"
         head += extra + "Connection: close\r\n\r\n"
         let bytes = Array(head.utf8) + (e.headOnly ? [] : body)
@@ -206,7 +211,7 @@ final class MetricsEndpoint {
             req!.deallocate()
             e.endpoint.finish(e)
         }
-        if rc != 0 {
+        if (try? uvCall("uv_write", rc)) == nil {
             req.deallocate()
             finish(e)
         }
@@ -217,7 +222,7 @@ final class MetricsEndpoint {
         guard !e.closing else { return }
         e.closing = true
         exchanges[e.token] = nil
-        uv_timer_stop(e.timer)
+        uvMust("uv_timer_stop", uv_timer_stop(e.timer))
         uv_close(asHandle(e.timer)) { h in h?.deallocate() }
         uv_close(asHandle(e.tcp)) { h in
             Unmanaged<Exchange>.fromOpaque(uv_handle_get_data(h!)!).release()

@@ -19,65 +19,68 @@ struct ConcordServerCommand: ParsableCommand {
             """
     )
 
+    /// Every default below is read from here, so the command and the library agree.
+    private static let defaults = ServerConfiguration()
+
     @Option(help: "Unix socket path to listen on (default: $CONCORD_SOCKET, else $XDG_RUNTIME_DIR/concord/concord.sock, else /tmp/concord-<uid>/concord.sock). Its directory must be writable by this user only.")
-    var socket: String = ServerConfiguration.defaultSocketPath
+    var socket: String = Self.defaults.socketPath
 
     @Option(help: "Threads of the consistency core: the sequencer plus N-1 workers (default: number of cores).")
-    var threads: Int = ServerConfiguration.coreCount
+    var threads: Int = Self.defaults.threads
 
     @Option(help: "Work items in one step (views to rewrite, lines to parse) from which the core's workers share the work; below it the sequencer works alone.")
-    var parallelThreshold: Int = 64
+    var parallelThreshold: Int = Self.defaults.parallelThreshold
 
     @Option(help: "Identity member of entities.")
-    var idKey: String = "id"
+    var idKey: String = Self.defaults.engine.idKey
 
     @Option(help: "Longest accepted request line in bytes, without its newline; longer lines get too_large.")
-    var maxLineBytes: Int = 16 << 20
+    var maxLineBytes: Int = Self.defaults.engine.maxLineBytes
 
     @Option(help: "Deepest accepted nesting of a request line (the request object is level 1); deeper lines get too_deep.")
-    var maxDepth: Int = 128
+    var maxDepth: Int = Self.defaults.engine.maxDepth
 
     @Option(help: "Live subscriptions allowed per connection; more get limit_exceeded.")
-    var maxSubscriptionsPerConnection: Int = 65536
+    var maxSubscriptionsPerConnection: Int = Self.defaults.engine.maxSubscriptionsPerConnection
 
     @Option(help: "Hard limit: unsent output per connection (bytes) beyond which it is disconnected. Only what cannot be coalesced (responses, view-ending events) can reach it.")
-    var maxOutputBytes: Int = 64 << 20
+    var maxOutputBytes: Int = Self.defaults.maxOutputBytes
 
     @Option(help: "Soft limit: unsent output per connection (bytes) from which its events are coalesced (PROTOCOL §6.6) and it is not read (default 1 MiB, at most half the hard limit).")
-    var outputSoftBytes: Int = 1 << 20
+    var outputSoftBytes: Int = Self.defaults.engine.outputSoftBytes
 
     @Option(help: "Bytes of lines read from one connection and not yet taken by the core above which it is not read.")
-    var maxInputBytes: Int = 1 << 20
+    var maxInputBytes: Int = Self.defaults.maxInputBytes
 
     @Option(help: "Bytes of lines read from all connections and not yet taken by the core (the inbox) above which nothing is read.")
-    var maxInboxBytes: Int = 64 << 20
+    var maxInboxBytes: Int = Self.defaults.maxInboxBytes
 
     @Option(help: "Bytes of unfinished lines held for all connections above which only one connection at a time may grow its line.")
-    var maxUnfinishedLineBytes: Int = 64 << 20
+    var maxUnfinishedLineBytes: Int = Self.defaults.maxUnfinishedLineBytes
 
     @Option(help: "Lines the core takes from one connection per round (fairness between connections).")
-    var linesPerTurn: Int = 64
+    var linesPerTurn: Int = Self.defaults.linesPerTurn
 
     @Option(help: "Milliseconds of work after which the core ends a turn and hands its output to the socket writer.")
-    var turnMs: Double = 2
+    var turnMs: Double = Self.defaults.turnBudget * 1000
 
     @Option(help: "Sync durability: seconds an acknowledgement waits for a failing backend before it is answered as applied but not durable (\"durable\":false).")
-    var syncTimeout: Double = 5
+    var syncTimeout: Double = Self.defaults.syncTimeout
 
     @Option(help: "While the backend fails to store, mutations are refused (cache_error) once this many records wait for it.")
-    var maxUnstoredRecords: Int = 100_000
+    var maxUnstoredRecords: Int = Self.defaults.maxUnstoredRecords
 
     @Option(help: "Seconds a shutdown waits for held requests (sync acknowledgements, cache reads) and for a failing backend to store the backlog.")
-    var shutdownTimeout: Double = 10
+    var shutdownTimeout: Double = Self.defaults.shutdownTimeout
 
     @Option(help: "File mode of the socket, in octal.")
-    var socketMode: String = "0600"
+    var socketMode: String = "0" + String(Self.defaults.socketMode, radix: 8)
 
     @Option(help: "Cache backend: memory, sqlite, hash, none (embedded store only), or a path to a backend library.")
-    var cache: String = "memory"
+    var cache: String = Self.defaults.cache
 
     @Option(help: "Backend configuration as a JSON object, e.g. '{\"max_bytes\":1000000}'.")
-    var cacheConfig: String = "{}"
+    var cacheConfig: String = Self.defaults.cacheConfig
 
     @Option(help: "Backend file path (sets \"path\" in the configuration; sqlite default: ./concord.sqlite).")
     var cachePath: String?
@@ -89,19 +92,19 @@ struct ConcordServerCommand: ParsableCommand {
     var cacheTtl: Double?
 
     @Option(help: "async: acknowledge mutations at once, write behind; sync: acknowledge after the backend stored them.")
-    var durability: String = "async"
+    var durability: String = Self.defaults.durability.rawValue
 
     @Option(help: "Bytes of memory (jemalloc allocated) above which records no view references are evicted from memory and reloaded from the backend on demand; 0: unbounded.")
-    var memoryLimit: Int = 0
+    var memoryLimit: Int = Self.defaults.memoryLimit
 
     @Option(help: "Live query definitions (views) the server keeps in all; one more gets limit_exceeded.")
-    var maxQueryViews: Int = 100_000
+    var maxQueryViews: Int = Self.defaults.engine.maxQueryViews
 
     @Option(help: "Entities all live query views may hold together (a view holds every match, not only its window); a new view past it gets limit_exceeded.")
-    var maxQueryEntities: Int = 4_000_000
+    var maxQueryEntities: Int = Self.defaults.engine.maxQueryEntities
 
     @Option(help: "Serve Prometheus metrics over HTTP at HOST:PORT/metrics, e.g. 127.0.0.1:9464 (off by default; keep it on loopback).")
-    var metrics: String?
+    var metrics: String?  // ServerConfiguration.metricsAddress: nil, off
 
     @Option(name: .customLong("allow-uid"), help: "A user (uid or name) allowed to connect; repeat for more. With --allow-uid/--allow-gid, every other peer (SO_PEERCRED) gets one forbidden error line and is closed. This server's own user is always allowed. Pair with --socket-mode 0666 (or 0660) so the others can open the socket.")
     var allowUID: [String] = []
@@ -199,7 +202,7 @@ struct ConcordServerCommand: ParsableCommand {
         config.engine.maxDepth = maxDepth
         config.engine.maxSubscriptionsPerConnection = maxSubscriptionsPerConnection
         config.engine.maxQueryViews = maxQueryViews
-        config.engine.maxQueryMembers = maxQueryEntities
+        config.engine.maxQueryEntities = maxQueryEntities
 
         config.cache = cache
         config.cacheConfig = try mergedCacheConfig()

@@ -163,7 +163,7 @@ import Testing
     @Test func queryViewsAndTheirEntitiesAreBounded() {
         var config = EngineConfiguration()
         config.maxQueryViews = 2
-        config.maxQueryMembers = 6
+        config.maxQueryEntities = 6
         let h = EngineHarness(configuration: config)
         let c = h.connect()
         Self.posts(h, c)

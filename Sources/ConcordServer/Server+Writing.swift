@@ -1,0 +1,138 @@
+import CLibUV
+import ConcordCore
+import CoreMetrics
+import Logging
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension Server {
+    // MARK: Output
+
+    func deliveriesArrived() {
+        var tookInput = false
+        for d in bridge.take() {
+            for (id, segments) in d.outputs {
+                guard let conn = connections[id], !conn.closing else { continue }
+                var n = 0
+                for s in segments { n += s.count }
+                if conn.closeWhenFlushed && !shuttingDown {
+                    // Over the hard limit: nothing more is queued for it.
+                    conn.flow.unsent.subtract(n, ordering: .relaxed)
+                    continue
+                }
+                conn.queued.append(contentsOf: segments)
+                conn.queuedBytes += n
+                if conn.inFlight == nil { writeQueued(conn) }
+                checkOutput(conn)
+            }
+            if !d.mutationsReadAt.isEmpty {
+                let now = monotonicSeconds()
+                for t in d.mutationsReadAt { metrics.latency.recordNanoseconds(Int64(max(0, now - t) * 1e9)) }
+            }
+            for (token, text) in d.metrics { metricsEndpoint?.respond(token: token, text: text) }
+            if d.inputTaken { tookInput = true }
+            if d.drained { startClosing() }
+        }
+        if tookInput { recheckStalled() }
+    }
+
+    /// Starts one vectored write of everything queued.
+    func writeQueued(_ conn: Connection) {
+        guard conn.inFlight == nil, !conn.queued.isEmpty, !conn.closing else { return }
+        let ctx = WriteContext(connection: conn, segments: conn.queued)
+        conn.queued = []
+        conn.queuedBytes = 0
+        let req = UnsafeMutablePointer<uv_write_t>.allocate(capacity: 1)
+        req.pointee.data = Unmanaged.passRetained(ctx).toOpaque()
+        let rc = uv_write(req, conn.stream, ctx.bufs, UInt32(ctx.segments.count)) { req, status in
+            let ctx = Unmanaged<WriteContext>.fromOpaque(req!.pointee.data).takeRetainedValue()
+            req!.deallocate()
+            let conn = ctx.connection
+            conn.inFlight = nil
+            conn.flow.unsent.subtract(ctx.byteCount, ordering: .relaxed)
+            guard !conn.closing else { return }
+            let server = Server.serverOf(connectionHandle: conn.handle)
+            if status >= 0 { server.metrics.bytesOut.increment(by: ctx.byteCount) }
+            if status < 0 {
+                server.closeConnection(conn, reason: "write failed: \(uvErrorName(Int(status)))")
+                return
+            }
+            server.writeQueued(conn)
+            server.checkOutput(conn)
+        }
+        do {
+            try uvCall("uv_write", rc)
+        } catch {
+            Unmanaged<WriteContext>.fromOpaque(req.pointee.data).release()
+            req.deallocate()
+            closeConnection(conn, reason: "write failed: \(error)")
+            return
+        }
+        conn.inFlight = ctx
+    }
+
+    /// After every write and delivery: the hard limit, the end of a coalescing
+    /// episode, reading again, closing once flushed.
+    func checkOutput(_ conn: Connection) {
+        guard !conn.closing else { return }
+        if conn.closeWhenFlushed {
+            if conn.inFlight == nil && conn.queued.isEmpty { closeConnection(conn, reason: conn.closeReason) }
+            return
+        }
+        let unsent = conn.unsentNow
+        if unsent > configuration.maxOutputBytes {
+            // What cannot be coalesced (responses, view-ending events) is over
+            // the hard limit. Drop what no write has started, let the write in
+            // flight finish (it holds whole lines), then close.
+            logger.warning("disconnecting a client that stopped reading", metadata: [
+                "concord.conn.id": "\(conn.id)", "concord.unsent_bytes": "\(unsent)",
+                "concord.max_output_bytes": "\(configuration.maxOutputBytes)",
+            "concord.output_soft_bytes": "\(configuration.engine.outputSoftBytes)",
+            "concord.max_input_bytes": "\(configuration.maxInputBytes)",
+            "concord.max_inbox_bytes": "\(configuration.maxInboxBytes)",
+            ])
+            conn.flow.unsent.subtract(conn.queuedBytes, ordering: .relaxed)
+            conn.queued = []
+            conn.queuedBytes = 0
+            conn.closeWhenFlushed = true
+            conn.closeReason = "output limit exceeded"
+            updateReading(conn)
+            if conn.inFlight == nil { closeConnection(conn, reason: conn.closeReason) }
+            startOverflowTimer()
+            return
+        }
+        let episode = conn.flow.coalescing.load(ordering: .relaxed)
+        if episode != 0 && episode != conn.drainReported
+            && conn.flow.unsent.load(ordering: .relaxed) <= configuration.engine.outputSoftBytes / 2 {
+            conn.drainReported = episode
+            sequencer.submit(.drained(conn.id, episode: episode))
+        }
+        updateReading(conn)
+    }
+
+    /// A client over the hard limit that never reads would keep its last write
+    /// in flight forever: after a grace period it is closed anyway.
+    func startOverflowTimer() {
+        guard overflowTimer == nil else { return }
+        let t = UnsafeMutablePointer<uv_timer_t>.allocate(capacity: 1)
+        uvMust("uv_timer_init", uv_timer_init(loop, t))
+        uv_handle_set_data(asHandle(t), Unmanaged.passUnretained(self).toOpaque())
+        uvMust("uv_timer_start", uv_timer_start(t, { h in
+            let server = Server.from(h)
+            var waiting = false
+            for conn in Array(server.connections.values) where conn.closeWhenFlushed && !server.shuttingDown {
+                conn.overflowTicks += 1
+                if conn.overflowTicks >= 5 { server.closeConnection(conn, reason: "output limit exceeded (not reading)") } else { waiting = true }
+            }
+            if !waiting, let t = server.overflowTimer {
+                uvMust("uv_timer_stop", uv_timer_stop(t))
+                uv_close(asHandle(t)) { h in h?.deallocate() }
+                server.overflowTimer = nil
+            }
+        }, 1000, 1000))
+        overflowTimer = t
+    }
+}
