@@ -25,10 +25,13 @@ release: deps
 run: release
 	.build/release/concord-server $(if $(SOCKET),--socket $(SOCKET),)
 
-# Builds everything (the server binary is what the integration tests spawn), then runs every test.
+# Builds everything (the server binary is what the integration tests spawn),
+# runs every test, then builds an outside package that depends on a clone of
+# this repository by version tag and runs the README's snippet from there.
 test: deps
 	swift build
 	swift test $(SWIFT_TEST_FLAGS)
+	scripts/outside-package-test.sh
 
 # Longer randomized runs (see README, "Soak").
 soak: deps

@@ -23,6 +23,13 @@ git clone --quiet --no-hardlinks "$root" "$work/upstream-concord"
 git -C "$work/upstream-concord" tag -l | xargs -r git -C "$work/upstream-concord" tag -d >/dev/null
 git -C "$work/upstream-concord" tag 0.1.0
 
+# The benchmark packages name the root package by its folder's identity:
+# their package graphs must load in a clone whose folder is not "main".
+for bench in ConcordBench CoreBench; do
+    ( cd "$work/upstream-concord/Benchmarks/$bench" && swift package describe >/dev/null ) \
+        || { echo "outside-package test: Benchmarks/$bench does not load in a clone named upstream-concord" >&2; exit 1; }
+done
+
 mkdir -p "$work/app/Sources/App"
 cat > "$work/app/Package.swift" <<SWIFT
 // swift-tools-version:6.0
