@@ -1,55 +1,44 @@
 public import ConcordJSON
+import ConcordProtocol
 
-/// A mutation inside a ``ConcordClient/batch(_:context:origin:)``.
+/// A mutation inside a ``ConcordClient/batch(_:context:origin:)``: the
+/// same operations as the client's mutation calls, applied together.
+///
+/// Each case is one of PROTOCOL.md §4's mutations; its wire form comes from
+/// `ConcordProtocol`'s ``Mutation`` (the one place that spells it).
 public enum BatchOperation: Sendable {
+    /// Writes an entity (or the document under `key`); `merge` merges it into
+    /// the current value, `force` writes even when nothing changed; `origin`
+    /// names this connection's subscription that is not told of the write.
     case update(JSON, key: String? = nil, merge: Bool = false, force: Bool = false, origin: String? = nil)
+    /// Deletes an entity by id: every view holding it loses it.
     case delete(id: String)
+    /// Deletes the document under a key.
     case deleteKey(String)
+    /// Replaces a collection's items.
     case collectionSet(String, items: [JSON])
+    /// Inserts items at `at` (the end when nil).
     case collectionInsert(String, items: [JSON], at: Int? = nil)
+    /// Removes `count` items from index `at`.
     case collectionRemove(String, at: Int, count: Int = 1)
+    /// Removes the items with these ids.
     case collectionRemoveIDs(String, ids: [String])
+    /// Deletes a collection.
     case collectionDelete(String)
 
-    var json: JSONObject {
-        var o = JSONObject()
+    /// The protocol's mutation and the origin this op carries inside the batch.
+    var mutation: (Mutation, origin: String?) {
         switch self {
         case .update(let m, let key, let merge, let force, let origin):
-            o["op"] = "update"
-            o["model"] = m
-            if let key { o["key"] = .string(key) }
-            if merge { o["mode"] = "merge" }
-            if force { o["force"] = true }
-            if let origin { o["origin"] = .string(origin) }
-        case .delete(let id):
-            o["op"] = "delete"
-            o["id"] = .string(id)
-        case .deleteKey(let k):
-            o["op"] = "delete"
-            o["key"] = .string(k)
-        case .collectionSet(let c, let items):
-            o["op"] = "collection.set"
-            o["collection"] = .string(c)
-            o["items"] = .array(items)
-        case .collectionInsert(let c, let items, let index):
-            o["op"] = "collection.insert"
-            o["collection"] = .string(c)
-            o["items"] = .array(items)
-            if let index { o["index"] = .int(index) }
-        case .collectionRemove(let c, let index, let count):
-            o["op"] = "collection.remove"
-            o["collection"] = .string(c)
-            o["index"] = .int(index)
-            o["count"] = .int(count)
-        case .collectionRemoveIDs(let c, let ids):
-            o["op"] = "collection.remove"
-            o["collection"] = .string(c)
-            o["ids"] = .array(ids.map { .string($0) })
-        case .collectionDelete(let c):
-            o["op"] = "collection.delete"
-            o["collection"] = .string(c)
+            (.update(model: m, key: key, mode: merge ? .merge : .replace, force: force), origin)
+        case .delete(let id): (.deleteEntity(id), nil)
+        case .deleteKey(let k): (.deleteKey(k), nil)
+        case .collectionSet(let c, let items): (.collectionSet(name: c, items: items), nil)
+        case .collectionInsert(let c, let items, let index): (.collectionInsert(name: c, index: index, items: items), nil)
+        case .collectionRemove(let c, let index, let count): (.collectionRemoveAt(name: c, index: index, count: count), nil)
+        case .collectionRemoveIDs(let c, let ids): (.collectionRemoveIDs(name: c, ids: ids), nil)
+        case .collectionDelete(let c): (.collectionDelete(name: c), nil)
         }
-        return o
     }
 }
 
@@ -138,71 +127,91 @@ extension ConcordClient {
         return (r["items"]?.arrayValue ?? [], r["count"]?.numberValue?.intValue ?? 0, r["seq"]?.numberValue?.intValue ?? 0)
     }
 
-    // MARK: Mutations (each returns its seq)
+    // MARK: Mutations
+    //
+    // Every mutation returns its `seq`: its place in the server's one total
+    // order. By the time it returns, every view this connection holds shows
+    // it (events before responses, PROTOCOL.md §6). `context` is delivered
+    // unchanged in every event the mutation causes; `origin` names one of
+    // this connection's subscriptions that is not told of it (it already
+    // knows). A mutation the server refuses throws ``ConcordError`` with the
+    // server's code and applies nothing.
 
+    /// Writes an entity, or a document under `key`.
+    ///
+    /// Every entity nested in `model` (an object with the identity member) is
+    /// written too, and every view anywhere that holds one of them is
+    /// rewritten and pushed. With `merge`, members of `model` are merged into
+    /// the stored values instead of replacing them. An update that changes
+    /// nothing is applied without events unless `force` is set.
     @discardableResult
     public func update(_ model: JSON, key: String? = nil, merge: Bool = false, force: Bool = false,
                        context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation("update", [
-            ("model", model), ("key", key.map { .string($0) }), ("mode", merge ? "merge" : nil),
-            ("force", force ? true : nil),
-        ], context: context, origin: origin)
+        try await mutation(.update(model: model, key: key, mode: merge ? .merge : .replace, force: force), context: context, origin: origin)
     }
 
+    /// Deletes an entity: it disappears from every document, collection and
+    /// query that held it, and `ids` subscriptions see it deleted.
     @discardableResult
     public func delete(id: String, context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation("delete", [("id", .string(id))], context: context, origin: origin)
+        try await mutation(.deleteEntity(id), context: context, origin: origin)
     }
 
+    /// Deletes the document under `key`; its subscribers see `null`.
     @discardableResult
     public func delete(key: String, context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation("delete", [("key", .string(key))], context: context, origin: origin)
+        try await mutation(.deleteKey(key), context: context, origin: origin)
     }
 
-    /// Applies the ops atomically under one `seq`.
+    /// Applies the ops atomically under one `seq`: all of them or, when one
+    /// is refused, none. Each view sees one event for the whole batch.
     @discardableResult
     public func batch(_ ops: [BatchOperation], context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation("batch", [("ops", .array(ops.map { .object($0.json) }))], context: context, origin: origin)
+        try await mutation(.batch(ops.map(\.mutation)), context: context, origin: origin)
     }
 
+    /// Replaces the items of collection `name` (creating it).
     @discardableResult
     public func collectionSet(_ name: String, items: [JSON], context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation("collection.set", [("collection", .string(name)), ("items", .array(items))], context: context, origin: origin)
+        try await mutation(.collectionSet(name: name, items: items), context: context, origin: origin)
     }
 
+    /// Inserts items into collection `name` at `index` (appends when nil);
+    /// subscribers get the index changes (PROTOCOL.md §5).
     @discardableResult
     public func collectionInsert(_ name: String, items: [JSON], at index: Int? = nil, context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation("collection.insert", [
-            ("collection", .string(name)), ("items", .array(items)), ("index", index.map { .int($0) }),
-        ], context: context, origin: origin)
+        try await mutation(.collectionInsert(name: name, index: index, items: items), context: context, origin: origin)
     }
 
+    /// Removes `count` items of collection `name` starting at `index`.
     @discardableResult
     public func collectionRemove(_ name: String, at index: Int, count: Int = 1, context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation("collection.remove", [
-            ("collection", .string(name)), ("index", .int(index)), ("count", .int(count)),
-        ], context: context, origin: origin)
+        try await mutation(.collectionRemoveAt(name: name, index: index, count: count), context: context, origin: origin)
     }
 
+    /// Removes the items of collection `name` whose ids are listed.
     @discardableResult
     public func collectionRemove(_ name: String, ids: [String], context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation("collection.remove", [("collection", .string(name)), ("ids", .array(ids.map { .string($0) }))],
-                           context: context, origin: origin)
+        try await mutation(.collectionRemoveIDs(name: name, ids: ids), context: context, origin: origin)
     }
 
+    /// Deletes collection `name`; its subscribers see it end empty.
     @discardableResult
     public func collectionDelete(_ name: String, context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation("collection.delete", [("collection", .string(name))], context: context, origin: origin)
+        try await mutation(.collectionDelete(name: name), context: context, origin: origin)
     }
 
     /// Removes everything (the schema stays); every subscription everywhere ends.
     @discardableResult
     public func clear(context: JSON? = nil) async throws -> Int {
-        try await mutation("clear", [], context: context, origin: nil)
+        try await mutation(.clear, context: context, origin: nil)
     }
 
-    func mutation(_ name: String, _ members: [(String, JSON?)], context: JSON?, origin: String?) async throws -> Int {
-        let r = try await op(name, members + [("context", context), ("origin", origin.map { .string($0) })])
+    /// Sends one mutation, encoded by `ConcordProtocol`, and returns its `seq`.
+    func mutation(_ m: Mutation, context: JSON?, origin: String?) async throws -> Int {
+        var o = m.requestObject()
+        MutationOptions(context: context, origin: origin).encode(into: &o)
+        let r = try await request(o)
         return r["seq"]?.numberValue?.intValue ?? 0
     }
 }
