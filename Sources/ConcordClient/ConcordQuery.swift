@@ -1,4 +1,5 @@
 public import ConcordJSON
+public import ConcordProtocol
 
 /// A live query (PROTOCOL.md §3.1), built in Swift:
 ///
@@ -15,9 +16,6 @@ public struct ConcordQuery: Sendable, Equatable {
         public var components: [String]
         public init(_ components: [String]) { self.components = components }
         public init(stringLiteral value: String) { components = value.split(separator: ".", omittingEmptySubsequences: false).map(String.init) }
-        var json: JSON {
-            components.contains { $0.contains(".") } ? .array(components.map { .string($0) }) : .string(components.joined(separator: "."))
-        }
     }
 
     public indirect enum Condition: Sendable, Equatable {
@@ -35,22 +33,22 @@ public struct ConcordQuery: Sendable, Equatable {
         case any([Condition])
         case not(Condition)
 
-        var json: JSON {
-            func leaf(_ p: Path, _ op: String, _ v: JSON) -> JSON { ["path": p.json, op: v] }
+        /// The protocol's condition (ConcordProtocol spells the wire form).
+        var spec: QueryCondition {
             switch self {
-            case .eq(let p, let v): return leaf(p, "eq", v)
-            case .ne(let p, let v): return leaf(p, "ne", v)
-            case .lt(let p, let v): return leaf(p, "lt", v)
-            case .lte(let p, let v): return leaf(p, "lte", v)
-            case .gt(let p, let v): return leaf(p, "gt", v)
-            case .gte(let p, let v): return leaf(p, "gte", v)
-            case .oneOf(let p, let list): return leaf(p, "in", .array(list))
-            case .exists(let p, let b): return leaf(p, "exists", .bool(b))
-            case .contains(let p, let v): return leaf(p, "contains", v)
-            case .prefix(let p, let s): return leaf(p, "prefix", .string(s))
-            case .all(let list): return ["all": .array(list.map(\.json))]
-            case .any(let list): return ["any": .array(list.map(\.json))]
-            case .not(let c): return ["not": c.json]
+            case .eq(let p, let v): .compare(p.components, .eq, v)
+            case .ne(let p, let v): .compare(p.components, .ne, v)
+            case .lt(let p, let v): .compare(p.components, .lt, v)
+            case .lte(let p, let v): .compare(p.components, .lte, v)
+            case .gt(let p, let v): .compare(p.components, .gt, v)
+            case .gte(let p, let v): .compare(p.components, .gte, v)
+            case .oneOf(let p, let list): .oneOf(p.components, list)
+            case .exists(let p, let b): .exists(p.components, b)
+            case .contains(let p, let v): .contains(p.components, v)
+            case .prefix(let p, let s): .prefix(p.components, s)
+            case .all(let list): .all(list.map(\.spec))
+            case .any(let list): .any(list.map(\.spec))
+            case .not(let c): .not(c.spec)
             }
         }
     }
@@ -94,22 +92,14 @@ public struct ConcordQuery: Sendable, Equatable {
         self.init(type: M.typeName, where: condition, order: order, offset: offset, limit: limit)
     }
 
-    /// The `query` object of the wire protocol.
-    public var json: JSON {
-        if let raw { return raw }
-        var o = JSONObject()
-        o["type"] = .string(type)
-        if let condition { o["where"] = condition.json }
-        if !order.isEmpty {
-            o["order"] = .array(order.map { k in
-                var ko = JSONObject()
-                ko["path"] = k.path.json
-                if k.descending { ko["desc"] = true }
-                return .object(ko)
-            })
-        }
-        if offset != 0 { o["offset"] = .int(offset) }
-        if let limit { o["limit"] = .int(limit) }
-        return .object(o)
+    /// The protocol's definition of this query.
+    public var spec: QuerySpec {
+        QuerySpec(type: type, condition: condition?.spec, order: order.map { QueryOrderKey(path: $0.path.components, descending: $0.descending) },
+                  offset: offset, limit: limit)
     }
+
+    /// The `query` object of the wire protocol (ConcordProtocol's canonical
+    /// form), or the raw object this query was made from.
+    public var json: JSON { raw ?? spec.wireJSON }
+
 }

@@ -21,7 +21,11 @@ public struct QuerySpec: Sendable {
 
     /// One text per definition: queries with equal definitions share one
     /// view in the server. Paths are written as arrays, numbers canonically.
-    public var canonicalKey: String {
+    public var canonicalKey: String { wireJSON.compactString }
+
+    /// The `query` object of the wire protocol, in its canonical form (what
+    /// ``decode(_:)`` reads back as an equal definition; the SDK sends it).
+    public var wireJSON: JSON {
         var o = JSONObject()
         o["type"] = .string(type)
         if let condition { o["where"] = condition.canonicalJSON }
@@ -33,7 +37,7 @@ public struct QuerySpec: Sendable {
         })
         o["offset"] = .int(offset)
         if let limit { o["limit"] = .int(limit) }
-        return JSON.object(o).compactString
+        return .object(o)
     }
 }
 

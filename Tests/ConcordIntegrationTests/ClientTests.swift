@@ -82,7 +82,8 @@ struct ClientTests {
             try await writer.update(try ModelCoding.json(Post(id: .init(String(i)), date: i, author: a)))
         }
         let q = ConcordQuery(Post.self, where: .eq("author.id", "Person:1"), order: [.descending("date")], limit: 2)
-        #expect(q.json.compactString == #"{"type":"Post","where":{"path":"author.id","eq":"Person:1"},"order":[{"path":"date","desc":true}],"limit":2}"#)
+        // The SDK sends ConcordProtocol's canonical form (paths as arrays, the offset spelled out).
+        #expect(q.json.compactString == #"{"type":"Post","where":{"path":["author","id"],"eq":"Person:1"},"order":[{"path":["date"],"desc":true}],"offset":0,"limit":2}"#)
         let p = try await QueryDataProvider<Post>.open(client: c, query: q)
         #expect(p.data.map(\.date) == [5, 3])
         #expect(p.count == 3)
