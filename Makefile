@@ -5,7 +5,7 @@ APT_PACKAGES := libuv1-dev libjemalloc-dev libsqlite3-dev pkg-config gcc
 SOCKET ?= $(CONCORD_SOCKET)
 SWIFT_TEST_FLAGS ?=
 
-.PHONY: run test build release deps clean soak bench bench-full bench-deps bench-core bench-instructions sanitize sanitize-thread sanitize-address fuzz
+.PHONY: docs run test build release deps clean soak bench bench-full bench-deps bench-core bench-instructions sanitize sanitize-thread sanitize-address fuzz
 
 # Installs the Debian packages the build needs when one is missing.
 deps:
@@ -90,6 +90,13 @@ bench-instructions: release
 			|| { echo "valgrind failed on $$1 x $$2:"; tail -5 .build/callgrind.$$1.$$2.log; exit 1; }; \
 		callgrind_annotate --inclusive=yes .build/callgrind.$$1.$$2 | grep -E "Engine(C10handleLine_4from|C10takeOutput)" \
 		| awk -v n=$$3 -v k="$$1 x $$2" '{gsub(",","",$$1); s+=$$1} END { if (s == 0) { printf "%s: measured nothing (no Engine.handleLine in the profile)\n", k; exit 1 } printf "%s: %.0f instructions per update (Engine.handleLine + takeOutput, inclusive, setup lines included)\n", k, s/n }' || exit 1; done
+
+# The SDK's documentation (DocC catalog Sources/ConcordClient/ConcordClient.docc), as a static site.
+docs: deps
+	mkdir -p .build/docs
+	swift package --allow-writing-to-directory .build/docs generate-documentation --target ConcordClient \
+		--disable-indexing --transform-for-static-hosting --output-path .build/docs/ConcordClient
+	@echo "open .build/docs/ConcordClient/index.html (or serve the folder)"
 
 clean:
 	rm -rf .build Benchmarks/ConcordBench/.build Benchmarks/CoreBench/.build

@@ -15,7 +15,9 @@ public enum CollectionChange: Sendable, Equatable {
 /// The changes of one update of `data`, with the context of the mutation
 /// and the list they lead to.
 public struct CollectionProviderUpdate<Model: Sendable>: Sendable {
+    /// In order; each index is valid against the list the previous change left.
     public var changes: [CollectionChange]
+    /// The `context` of the mutation that made these changes (nil for local writes and resets).
     public var context: JSON?
     /// `data` right after these changes.
     public var data: [Model]
@@ -32,7 +34,9 @@ public struct CollectionProviderUpdate<Model: Sendable>: Sendable {
 /// `.reset` if it had diverged: it always converges to the server's list.
 public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Sendable {
     // Sendable: state guarded by `lock`; events arrive on the reader thread.
+    /// The connection this provider subscribes and writes through.
     public let client: ConcordClient
+    /// The collection's name on the server.
     public let collection: String
     private let lock = NSLock()
     private var items: [JSON] = []
@@ -90,12 +94,16 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
         continuation.finish()
     }
 
+    /// The list as this provider knows it now (never waits).
     public var data: [Model] { lock.withLock { models } }
+    /// The number of models in ``data``.
     public var count: Int { lock.withLock { models.count } }
+    /// The model at `index` of ``data``.
     public subscript(index: Int) -> Model { lock.withLock { models[index] } }
 
     // MARK: Writes (local at once, then the server)
 
+    /// Replaces the whole list: locally at once, then `collection.set` on the server.
     public func setData(_ newModels: [Model], context: JSON? = nil) async throws {
         let json = try newModels.map(ModelCoding.json)
         lock.withLock {
@@ -110,6 +118,7 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
         }
     }
 
+    /// Inserts models at `index`: locally at once, then `collection.insert`.
     public func insert(_ newModels: [Model], at index: Int, context: JSON? = nil) async throws {
         let json = try newModels.map(ModelCoding.json)
         try lock.withLock { () throws in
@@ -126,6 +135,7 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
         }
     }
 
+    /// Appends models at the end: locally at once, then `collection.insert` without an index.
     public func append(_ newModels: [Model], context: JSON? = nil) async throws {
         try await insert(newModels, at: count, context: context)
     }
@@ -168,6 +178,7 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
         }
     }
 
+    /// Removes `count` models from `index`: locally at once, then `collection.remove`.
     public func remove(at index: Int, count n: Int = 1, context: JSON? = nil) async throws {
         try lock.withLock { () throws in
             guard index >= 0 && n >= 1 && index + n <= items.count else {

@@ -5,7 +5,7 @@ import ConcordProtocol
 /// same operations as the client's mutation calls, applied together.
 ///
 /// Each case is one of PROTOCOL.md §4's mutations; its wire form comes from
-/// `ConcordProtocol`'s ``Mutation`` (the one place that spells it).
+/// `ConcordProtocol`'s `Mutation` (the one place that spells it).
 public enum BatchOperation: Sendable {
     /// Writes an entity (or the document under `key`); `merge` merges it into
     /// the current value, `force` writes even when nothing changed; `origin`
@@ -46,6 +46,7 @@ extension ConcordClient {
     // MARK: Control
 
     @discardableResult
+    /// Says `hello`: the server's name, version, protocol, identity member and limits (also done by ``connect(_:)`` and after every reconnect).
     public func hello() async throws -> ServerInfo {
         let r = try await op("hello", [("client", .string(configuration.clientName))])
         let info = ServerInfo(

@@ -40,13 +40,16 @@ public final class ConcordClient: @unchecked Sendable {
         public var reconnect = true
         /// First and longest wait between reconnection attempts.
         public var initialBackoff: Duration = .milliseconds(50)
+        /// The longest wait between reconnection attempts (the wait doubles from `initialBackoff` up to it).
         public var maxBackoff: Duration = .seconds(2)
 
+        /// Settings for `socketPath` (nil: the default socket), other members at their defaults.
         public init(socketPath: String? = nil) {
             self.socketPath = socketPath ?? DefaultSocket.path
         }
     }
 
+    /// The settings this client was connected with.
     public let configuration: Configuration
     private let lock = NSLock()
     private let writeQueue = DispatchQueue(label: "concord.client.write")
@@ -66,10 +69,15 @@ public final class ConcordClient: @unchecked Sendable {
 
     /// Server facts from `hello`.
     public struct ServerInfo: Sendable {
+        /// The server's name (`concord-server`).
         public var server: String
+        /// The server's version.
         public var version: String
+        /// The protocol version it speaks (PROTOCOL.md).
         public var protocolVersion: Int
+        /// The identity member of entities (`--id-key`).
         public var idKey: String
+        /// The server's limits (line bytes, depth, subscriptions, …) as it reported them.
         public var limits: JSON
     }
 
@@ -96,11 +104,12 @@ public final class ConcordClient: @unchecked Sendable {
         return client
     }
 
+    /// Connects to the server on `socketPath` with default settings and says `hello`.
     public static func connect(socketPath: String) async throws -> ConcordClient {
         try await connect(Configuration(socketPath: socketPath))
     }
 
-    /// Closes the connection; pending calls fail with ``ConcordError/Code/closed`` and streams finish.
+    /// Closes the connection; pending calls fail with `ConcordError.Code.closed` and streams finish.
     public func close() {
         let (fd, pending, subs) = lock.withLock { () -> (Int32, [CheckedContinuation<JSON, any Error>], [SubscriptionState]) in
             state.closed = true

@@ -4,21 +4,25 @@
 ///
 /// `code` is the protocol's error code (`bad_request`, `no_such_sub`, …) for
 /// answers from the server, or one of the client's own codes:
-/// ``Code/disconnected``, ``Code/closed``, ``Code/badResponse``,
-/// ``Code/encoding``. The description never includes model contents.
+/// `.disconnected`, `.closed`, `.badResponse`,
+/// `.encoding`. The description never includes model contents.
 public struct ConcordError: Error, Sendable, CustomStringConvertible, Equatable {
-    /// The wire codes are ConcordProtocol's ``ErrorCode`` (one definition for
+    /// The wire codes are ConcordProtocol's `ErrorCode` (one definition for
     /// the server and the SDK); the client's own codes are added below.
     public typealias Code = ErrorCode
 
+    /// The server's error code (PROTOCOL.md §7), or a client-side one (`closed`, `encoding`, …).
     public var code: Code
+    /// A sentence for people; match on ``code``, not on this.
     public var message: String
 
+    /// An error with this code and message.
     public init(_ code: Code, _ message: String) {
         self.code = code
         self.message = message
     }
 
+    /// `code: message`.
     public var description: String { "\(code): \(message)" }
 }
 

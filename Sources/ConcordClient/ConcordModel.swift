@@ -29,7 +29,9 @@ public protocol ConcordModel: Codable, Sendable {
 }
 
 extension ConcordModel {
+    /// The Swift type's name: `Person` for `struct Person`.
     public static var typeName: String { String(describing: Self.self) }
+    /// False: ids are prefixed with ``typeName``.
     public static var usesGlobalIdentity: Bool { false }
 
     /// The identity on the wire.
@@ -43,14 +45,19 @@ public struct ConcordID<Model: ConcordModel>: Codable, Hashable, Sendable, Custo
     /// The id within its type ("12").
     public var raw: String
 
+    /// An id within the model's type (`"12"`, not `"Person:12"`).
     public init(_ raw: String) { self.raw = raw }
+    /// `let id: ConcordID<Person> = "12"`.
     public init(stringLiteral value: String) { raw = value }
+    /// `let id: ConcordID<Person> = 12`.
     public init(integerLiteral value: Int) { raw = String(value) }
 
     /// The identity on the wire ("Person:12").
     public var global: String { Model.usesGlobalIdentity ? raw : "\(Model.typeName):\(raw)" }
+    /// The global identity.
     public var description: String { global }
 
+    /// Decodes a global identity (or a bare id, a string or an integer).
     public init(from decoder: any Decoder) throws {
         let c = try decoder.singleValueContainer()
         let s: String
@@ -59,6 +66,7 @@ public struct ConcordID<Model: ConcordModel>: Codable, Hashable, Sendable, Custo
         raw = !Model.usesGlobalIdentity && s.hasPrefix(prefix) ? String(s.dropFirst(prefix.count)) : s
     }
 
+    /// Encodes the global identity, as the server expects it.
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.singleValueContainer()
         try c.encode(global)
@@ -67,6 +75,7 @@ public struct ConcordID<Model: ConcordModel>: Codable, Hashable, Sendable, Custo
 
 /// Codable ↔ JSON for models. Not the server's hot path: Foundation's coders are fine here.
 public enum ModelCoding {
+    /// A model as JSON (Foundation's encoder); throws ``ConcordError`` with code `encoding`.
     public static func json<M: Encodable>(_ model: M) throws -> JSON {
         do {
             let data = try JSONEncoder().encode(model)
@@ -77,6 +86,7 @@ public enum ModelCoding {
         }
     }
 
+    /// A model from the server's JSON; throws ``ConcordError`` with code `encoding` when it does not decode.
     public static func model<M: Decodable>(_ type: M.Type, from json: JSON) throws -> M {
         do {
             return try JSONDecoder().decode(M.self, from: Data(json.encoded()))

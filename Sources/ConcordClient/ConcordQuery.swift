@@ -12,25 +12,43 @@ public import ConcordProtocol
 /// Paths are member names joined by `.`; `ConcordQuery.Path(["a.b", "c"])`
 /// names members that hold a `.`. Values are JSON literals.
 public struct ConcordQuery: Sendable, Equatable {
+    /// A member path: names read through nested objects (and nested entities).
     public struct Path: Sendable, Equatable, ExpressibleByStringLiteral {
+        /// The member names, outermost first.
         public var components: [String]
+        /// A path from its names (names may hold a `.`).
         public init(_ components: [String]) { self.components = components }
+        /// A path written with dots: `"author.name"`.
         public init(stringLiteral value: String) { components = value.split(separator: ".", omittingEmptySubsequences: false).map(String.init) }
     }
 
+    /// A predicate over an entity's current value (PROTOCOL.md §3.1): comparisons on a path, combined with `all`, `any` and `not`.
     public indirect enum Condition: Sendable, Equatable {
+        /// The value at the path equals the JSON value (numbers by value, objects by members).
         case eq(Path, JSON)
+        /// The value at the path is present and not equal.
         case ne(Path, JSON)
+        /// Less than: numbers with numbers, strings with strings (by UTF-8 bytes).
         case lt(Path, JSON)
+        /// Less than or equal.
         case lte(Path, JSON)
+        /// Greater than.
         case gt(Path, JSON)
+        /// Greater than or equal.
         case gte(Path, JSON)
+        /// Equals one of the values (`in` on the wire).
         case oneOf(Path, [JSON])
+        /// The path is present (true) or absent (false); `null` counts as present.
         case exists(Path, Bool)
+        /// The array at the path holds an element equal to the value.
         case contains(Path, JSON)
+        /// The string at the path starts with the prefix.
         case prefix(Path, String)
+        /// Every condition holds (`[]`: true).
         case all([Condition])
+        /// At least one condition holds (`[]`: false).
         case any([Condition])
+        /// The condition does not hold.
         case not(Condition)
 
         /// The protocol's condition (ConcordProtocol spells the wire form).
@@ -53,21 +71,32 @@ public struct ConcordQuery: Sendable, Equatable {
         }
     }
 
+    /// One sort key; ties are broken by the next key, then by identity.
     public struct Order: Sendable, Equatable {
+        /// The member sorted by.
         public var path: Path
+        /// Largest first.
         public var descending: Bool
+        /// A sort key on `path`.
         public init(_ path: Path, descending: Bool = false) {
             self.path = path
             self.descending = descending
         }
+        /// Smallest first.
         public static func ascending(_ path: Path) -> Order { Order(path) }
+        /// Largest first.
         public static func descending(_ path: Path) -> Order { Order(path, descending: true) }
     }
 
+    /// The entity type queried (the part of the identity before `:`).
     public var type: String
+    /// The predicate; nil: every entity of the type.
     public var condition: Condition?
+    /// Sort keys, first key first; identity breaks the last tie.
     public var order: [Order]
+    /// Matches skipped before the window.
     public var offset: Int
+    /// The window's size; nil: every match.
     public var limit: Int?
     /// A query given as its wire JSON (tools that take it from a user); sent as is.
     private var raw: JSON?
@@ -78,6 +107,7 @@ public struct ConcordQuery: Sendable, Equatable {
         self.raw = raw
     }
 
+    /// A query over the entities of `type` (its name on the wire).
     public init(type: String, where condition: Condition? = nil, order: [Order] = [], offset: Int = 0, limit: Int? = nil) {
         self.type = type
         self.condition = condition

@@ -3,7 +3,9 @@ import Foundation
 
 /// A new value of a provider, with the context of the change that made it.
 public struct ProviderUpdate<Model: Sendable>: Sendable {
+    /// The new value (nil: the entity or document was deleted).
     public var model: Model?
+    /// The `context` of the mutation that made it.
     public var context: JSON?
 }
 
@@ -20,6 +22,7 @@ public struct ProviderUpdate<Model: Sendable>: Sendable {
 public final class DataProvider<Model: ConcordModel>: @unchecked Sendable {
     // Sendable: mutable state is guarded by `lock`; events are applied on the
     // client's reader thread, calls on the caller's task.
+    /// The connection this provider subscribes and writes through.
     public let client: ConcordClient
     private let lock = NSLock()
     private var current: Model?
@@ -33,6 +36,7 @@ public final class DataProvider<Model: ConcordModel>: @unchecked Sendable {
     /// Values set by others (never this provider's own writes), newest last.
     public let updates: AsyncStream<ProviderUpdate<Model>>
 
+    /// An empty provider; ``setData(_:context:)`` or a read gives it a model.
     public init(client: ConcordClient) {
         self.client = client
         (updates, continuation) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(16))
@@ -57,6 +61,7 @@ public final class DataProvider<Model: ConcordModel>: @unchecked Sendable {
     /// The current value.
     public var data: Model? { lock.withLock { current } }
 
+    /// True while paused: changes are not applied until it resumes (then it catches up at once).
     public var isPaused: Bool { lock.withLock { paused } }
 
     /// Sets the value locally at once, then tells the server (and so every

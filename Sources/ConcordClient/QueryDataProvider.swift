@@ -8,6 +8,7 @@ public struct QueryProviderUpdate<Model: Sendable>: Sendable {
     public var changes: [CollectionChange]
     /// How many entities match (window or not).
     public var count: Int
+    /// The `context` of the mutation that made these changes.
     public var context: JSON?
     /// `data` right after these changes.
     public var data: [Model]
@@ -29,7 +30,9 @@ public struct QueryProviderUpdate<Model: Sendable>: Sendable {
 /// the query follows. Renaming the `Person` that posts sort by moves them.
 public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
     // Sendable: state guarded by `lock`; events arrive on the reader thread.
+    /// The connection this provider subscribes through.
     public let client: ConcordClient
+    /// The query whose window this provider holds.
     public let query: ConcordQuery
     private let lock = NSLock()
     private var items: [JSON] = []
@@ -80,6 +83,7 @@ public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
     public var data: [Model] { lock.withLock { models } }
     /// How many entities match, window or not.
     public var count: Int { lock.withLock { matching } }
+    /// The model at `index` of the window.
     public subscript(index: Int) -> Model { lock.withLock { models[index] } }
 
     /// Pauses or resumes the window; on resume one `.reset` brings it up to date.

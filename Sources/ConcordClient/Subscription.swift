@@ -19,15 +19,21 @@ public enum SubscriptionTarget: Sendable {
 
 /// One change of an `ids` or `feed` subscription: the entity's current value (nil: deleted).
 public struct EntityChange: Sendable, Equatable {
+    /// The entity's global identity.
     public var id: String
+    /// Its current value; nil: deleted.
     public var model: JSON?
 }
 
 /// One step of a collection event; applied in order they take the previous list to the new one.
 public enum CollectionEdit: Sendable, Equatable {
+    /// `items` inserted at `index`.
     case insert(index: Int, items: [JSON])
+    /// `count` items removed from `index`.
     case remove(index: Int, count: Int)
+    /// The item at `index` has a new value (an entity it holds changed).
     case update(index: Int, item: JSON)
+    /// The whole list, replacing what was there (after coalescing or a resync).
     case reset(items: [JSON])
 
     init?(json: JSON) {
@@ -88,6 +94,7 @@ public enum ConcordEvent: Sendable {
     /// answers; for a query `{"items":[…],"count":n}`).
     case resynced(seq: Int, state: JSON)
 
+    /// The `seq` of the mutation this event shows (or the state is as of).
     public var seq: Int {
         switch self {
         case .update(let s, _, _, _, _), .entities(let s, _, _), .collection(let s, _, _), .query(let s, _, _, _), .ended(let s, _),
@@ -164,6 +171,7 @@ final class SubscriptionState: @unchecked Sendable {
 /// behind gets the newest value, not a queue of stale ones. Collection,
 /// `ids` and `feed` events are kept in full (their changes compose).
 public final class Subscription: Sendable {
+    /// The subscription's name on this connection (the `sub` member of its events).
     public let name: String
     /// The `seq` the first state is as of.
     public let seq: Int
@@ -171,6 +179,7 @@ public final class Subscription: Sendable {
     public let initial: JSON
     /// Queries: how many entities matched at subscription (window or not); nil for other views.
     public let count: Int?
+    /// Every event of this subscription, in `seq` order; finishes when it ends.
     public let events: AsyncStream<ConcordEvent>
     let client: ConcordClient
 
@@ -183,11 +192,13 @@ public final class Subscription: Sendable {
         self.client = client
     }
 
+    /// Pauses delivery: the server keeps the view and coalesces its changes until ``resume()``.
     public func pause() async throws {
         _ = try await client.op("pause", [("sub", .string(name))])
         client.subscriptionState(name)?.isPaused = true
     }
 
+    /// Resumes delivery: what changed while paused arrives as one event.
     public func resume() async throws {
         client.subscriptionState(name)?.isPaused = false
         _ = try await client.op("resume", [("sub", .string(name))])

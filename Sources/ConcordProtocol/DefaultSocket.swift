@@ -9,6 +9,7 @@ import Glibc
 /// it), so no other local user can bind the path first and receive every
 /// client's traffic — which a fixed `/tmp/concord.sock` would allow.
 public enum DefaultSocket {
+    /// `$CONCORD_SOCKET`, else `$XDG_RUNTIME_DIR/concord/concord.sock`, else `/tmp/concord-<uid>/concord.sock`.
     public static var path: String {
         if let p = environment("CONCORD_SOCKET"), !p.isEmpty { return p }
         return privateDirectory + "/concord.sock"

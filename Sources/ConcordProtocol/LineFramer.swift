@@ -6,15 +6,18 @@
 /// it is discarded as it arrives: it is never buffered whole. Blank and
 /// whitespace-only lines are dropped here.
 public struct LineFramer: Sendable {
+    /// What the framer found: a whole line, or a line over the limit (skipped).
     public enum Frame: Equatable, Sendable {
         case line([UInt8])
         case tooLarge
     }
 
+    /// The longest line (without its newline) passed on whole.
     public let maxLineBytes: Int
     private var buffer: [UInt8] = []
     private var skipping = false
 
+    /// A framer with no bytes buffered.
     public init(maxLineBytes: Int) {
         self.maxLineBytes = maxLineBytes
     }
@@ -22,6 +25,7 @@ public struct LineFramer: Sendable {
     /// Bytes held for an unfinished line.
     public var bufferedBytes: Int { buffer.count }
 
+    /// Feeds bytes as they arrive; `emit` is called once per complete line, in order.
     public mutating func feed(_ bytes: UnsafeRawBufferPointer, _ emit: (Frame) -> Void) {
         var start = 0
         let n = bytes.count
@@ -62,6 +66,7 @@ public struct LineFramer: Sendable {
         }
     }
 
+    /// ``feed(_:_:)`` for an array.
     public mutating func feed(_ bytes: [UInt8], _ emit: (Frame) -> Void) {
         bytes.withUnsafeBytes { feed($0, emit) }
     }

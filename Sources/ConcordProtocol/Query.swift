@@ -4,13 +4,18 @@ public import ConcordJSON
 /// value satisfies `condition`, sorted by `order` then by identity, with the
 /// window `offset ..< offset + limit`.
 public struct QuerySpec: Sendable {
+    /// The entity type queried (the part of the identity before `:`).
     public var type: String
+    /// The predicate; nil: every entity of the type.
     public var condition: QueryCondition?
+    /// Sort keys, first key first; identity breaks the last tie.
     public var order: [QueryOrderKey]
+    /// Matches skipped before the window.
     public var offset: Int
     /// nil: no limit.
     public var limit: Int?
 
+    /// A definition; ``decode(_:)`` makes one from the wire and checks its bounds.
     public init(type: String, condition: QueryCondition? = nil, order: [QueryOrderKey] = [], offset: Int = 0, limit: Int? = nil) {
         self.type = type
         self.condition = condition
@@ -44,18 +49,29 @@ public struct QuerySpec: Sendable {
 /// A member path: names, read through nested objects (and so through nested entities).
 public typealias QueryPath = [String]
 
+/// A predicate over an entity's current value (PROTOCOL.md §3.1).
 public indirect enum QueryCondition: Sendable {
+    /// The comparisons of one path with one value, by their wire names.
     public enum Comparison: String, Sendable, CaseIterable {
+        /// Equal, not equal, and the orderings (numbers with numbers, strings with strings).
         case eq, ne, lt, lte, gt, gte
     }
 
+    /// The value at the path compared with a JSON value.
     case compare(QueryPath, Comparison, JSON)
+    /// Equals one of the values (`in`).
     case oneOf(QueryPath, [JSON])
+    /// The path is present (true) or absent (false).
     case exists(QueryPath, Bool)
+    /// The array at the path holds an equal element.
     case contains(QueryPath, JSON)
+    /// The string at the path starts with the prefix.
     case prefix(QueryPath, String)
+    /// Every condition holds.
     case all([QueryCondition])
+    /// At least one condition holds.
     case any([QueryCondition])
+    /// The condition does not hold.
     case not(QueryCondition)
 
     var canonicalJSON: JSON {
@@ -78,10 +94,14 @@ public indirect enum QueryCondition: Sendable {
     }
 }
 
+/// One sort key of a query.
 public struct QueryOrderKey: Sendable {
+    /// The member sorted by.
     public var path: QueryPath
+    /// Largest first.
     public var descending: Bool
 
+    /// A sort key on `path`.
     public init(path: QueryPath, descending: Bool = false) {
         self.path = path
         self.descending = descending

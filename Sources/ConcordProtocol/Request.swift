@@ -5,26 +5,38 @@ public import ConcordJSON
 public struct Request: Sendable {
     /// The request's `rid`, echoed in the response; `.null` when absent.
     public var rid: JSON
+    /// What the request asks for.
     public var op: Operation
 
+    /// A decoded request.
     public init(rid: JSON, op: Operation) {
         self.rid = rid
         self.op = op
     }
 }
 
+/// Every operation of PROTOCOL.md §2–§5, with its members decoded.
 public enum Operation: Sendable {
+    /// Introduces the client (its name, when given); answered with the server's facts.
     case hello(client: String?)
+    /// Answered with the last `seq` after every event before it: a barrier.
     case ping
+    /// Reads a value once, without subscribing.
     case get(GetTarget)
+    /// Starts a named view on this connection.
     case subscribe(name: String, target: SubscribeTarget)
+    /// Ends a view.
     case unsubscribe(name: String)
+    /// Stops a view's events; its changes coalesce until `resume`.
     case pause(name: String)
+    /// Restarts a paused view with one event for what changed.
     case resume(name: String)
+    /// Reads, or replaces for the types given, the required members of entity types.
     case schema(required: [(type: String, members: [String])]?)
     /// `clients`: also list every connection (the operator's view);
     /// `prometheus`: also the metrics as Prometheus exposition text.
     case stats(clients: Bool, prometheus: Bool)
+    /// A change: applied in the one total order, answered with its `seq`.
     case mutation(Mutation, MutationOptions)
 }
 
@@ -64,18 +76,26 @@ extension Operation {
     }
 }
 
+/// What a `get` reads: a document, an entity, a query's window or a collection.
 public enum GetTarget: Sendable {
+    /// The document under a key.
     case key(String)
+    /// The current value of an entity.
     case id(String)
+    /// A query's window and count.
     case query(QuerySpec)
     case collection(String)
 }
 
+/// What a `subscribe` watches (PROTOCOL.md §3).
 public enum SubscribeTarget: Sendable {
+    /// A private tree, kept consistent; `refresh` first replaces known entities by their current versions.
     case model(JSON, refresh: Bool)
     case key(String)
     case collection(String)
+    /// Each listed entity, present or not.
     case ids([String])
+    /// Every entity change (of these types, when given).
     case feed(types: [String]?)
     /// A live query (§3.1).
     case query(QuerySpec)
@@ -88,25 +108,37 @@ public struct MutationOptions: Sendable {
     /// `origin`: the sender's subscription that is not told of this write.
     public var origin: String?
 
+    /// Options of one mutation.
     public init(context: JSON? = nil, origin: String? = nil) {
         self.context = context
         self.origin = origin
     }
 }
 
+/// How an `update` writes: `replace` the stored value, or `merge` members into it.
 public enum UpdateMode: Sendable { case replace, merge }
 
+/// A change to the store (PROTOCOL.md §4). Mutation+Encoding.swift writes it back to the wire.
 public indirect enum Mutation: Sendable {
+    /// Writes an entity (and every entity nested in it), or a document under `key`.
     case update(model: JSON, key: String?, mode: UpdateMode, force: Bool)
+    /// Deletes an entity everywhere it appears.
     case deleteEntity(String)
+    /// Deletes the document under a key.
     case deleteKey(String)
     /// Each op with its own `origin` (its `context` is ignored inside a batch).
     case batch([(Mutation, origin: String?)])
+    /// Replaces a collection's items.
     case collectionSet(name: String, items: [JSON])
+    /// Inserts items at an index (the end when nil).
     case collectionInsert(name: String, index: Int?, items: [JSON])
+    /// Removes `count` items from an index.
     case collectionRemoveAt(name: String, index: Int, count: Int)
+    /// Removes the items with these ids.
     case collectionRemoveIDs(name: String, ids: [String])
+    /// Deletes a collection.
     case collectionDelete(name: String)
+    /// Removes every entity, document and collection (the schema stays).
     case clear
 }
 
