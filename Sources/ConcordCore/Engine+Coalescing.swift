@@ -16,7 +16,7 @@ import ConcordJSON
 extension Engine {
     /// Starts holding back the connection's events (between mutations, so
     /// every baseline is exactly what was queued).
-    func beginCoalescing(_ c: Client) {
+    func beginCoalescing(_ c: ClientSession) {
         nextCoalescingEpisode += 1
         c.coalescing = nextCoalescingEpisode
         c.flow.coalescing.store(nextCoalescingEpisode, ordering: .relaxed)
@@ -27,7 +27,7 @@ extension Engine {
     }
 
     /// Holds one running subscription back from what it was last sent.
-    func holdBack(_ s: Subscription) {
+    func holdBack(_ s: SubscriptionRecord) {
         let state = baseline(s)
         state.byCongestion = true
         s.pause = state
@@ -35,7 +35,7 @@ extension Engine {
 
     /// A held-back subscription changed: it is owed a coalesced event.
     @inline(__always)
-    func noteHeldBack(_ s: Subscription, _ p: PauseState) {
+    func noteHeldBack(_ s: SubscriptionRecord, _ p: PauseState) {
         if p.byCongestion && !p.byUser && !p.listed {
             p.listed = true
             s.client.coalesced.append(s)
@@ -55,7 +55,7 @@ extension Engine {
     }
 
     /// Writes one coalesced event for every held-back subscription that changed.
-    func flushCoalesced(_ c: Client) {
+    func flushCoalesced(_ c: ClientSession) {
         let list = c.coalesced
         c.coalesced = []
         for s in list {

@@ -17,7 +17,7 @@ struct ModelRender {
 extension Engine {
     // MARK: Applying
 
-    func mutate(_ c: Client, rid: JSON, _ m: Mutation, _ options: MutationOptions) throws(ProtocolError) {
+    func mutate(_ c: ClientSession, rid: JSON, _ m: Mutation, _ options: MutationOptions) throws(ProtocolError) {
         var origins: Set<ObjectIdentifier> = []
         if let o = options.origin {
             guard let s = c.subs[o] else { throw ProtocolError(.noSuchSub, "origin '\(clipID(o))' is not a live subscription of this connection") }
@@ -114,7 +114,7 @@ extension Engine {
         }
     }
 
-    private func clearAll(_ c: Client, rid: JSON, context: JSON?) {
+    private func clearAll(_ c: ClientSession, rid: JSON, context: JSON?) {
         seq += 1
         for client in clients.values {
             for s in Self.ordered(client.subs.values) {
@@ -301,7 +301,7 @@ extension Engine {
                      origins: origins, context: context)
             }
         }
-        var orderedFeeds: [Subscription]?
+        var orderedFeeds: [SubscriptionRecord]?
         for (e, id) in entityIDs.enumerated() {
             let payload = entityPayloads[e]!
             let changed = store.valueBeforeMutation(id) != (store.entity(id) ?? .null)
@@ -325,13 +325,13 @@ extension Engine {
 
     /// The fixed order of subscriptions within one mutation's events: by
     /// connection, then by name (unique on a connection).
-    static func precedes(_ a: Subscription?, _ b: Subscription?) -> Bool {
+    static func precedes(_ a: SubscriptionRecord?, _ b: SubscriptionRecord?) -> Bool {
         guard let a, let b else { return a == nil && b != nil }
         if a.client.id != b.client.id { return a.client.id < b.client.id }
         return a.name < b.name
     }
 
-    static func ordered(_ subs: some Sequence<Subscription>) -> [Subscription] {
+    static func ordered(_ subs: some Sequence<SubscriptionRecord>) -> [SubscriptionRecord] {
         var list = Array(subs)
         if list.count > 1 { list.sort { precedes($0, $1) } }
         return list
@@ -371,7 +371,7 @@ extension Engine {
         }
     }
 
-    private func sendEntity(_ s: Subscription, _ id: String, _ payload: OutputBytes, seq: Int, changed: Bool,
+    private func sendEntity(_ s: SubscriptionRecord, _ id: String, _ payload: OutputBytes, seq: Int, changed: Bool,
                             origins: Set<ObjectIdentifier>, context: JSON?) {
         if let p = s.pause {
             guard changed else { return }

@@ -69,7 +69,7 @@ public struct LoadResult: Sendable {
 final class LoadTicket {
     /// Storage keys written since the load was asked for: the load's copies of them are stale.
     var touched: Set<String> = []
-    var clients: [Client] = []
+    var clients: [ClientSession] = []
 }
 
 /// Persistence state of the engine (present when a cache backend is configured).
@@ -81,7 +81,7 @@ final class PersistenceState {
     /// Keys known to be in neither memory nor the backend.
     var knownAbsent: Set<String> = []
     var committedSeq = 0
-    var durableWaiters: [Client] = []
+    var durableWaiters: [ClientSession] = []
     /// Storage key → seq of its last queued write: records newer than
     /// `committedSeq` are not in the backend yet and must stay in memory.
     var lastWrite: [String: Int] = [:]
@@ -233,8 +233,8 @@ extension Engine {
 
     private func releaseDurable(upTo seq: Int, failure: String?) {
         guard let p = persistence, !p.durableWaiters.isEmpty else { return }
-        var still: [Client] = []
-        var ready: [Client] = []
+        var still: [ClientSession] = []
+        var ready: [ClientSession] = []
         for c in p.durableWaiters {
             if let s = c.waitingDurable, s <= seq { ready.append(c) } else { still.append(c) }
         }
@@ -267,7 +267,7 @@ extension Engine {
 
     /// In sync mode a mutation's acknowledgement waits for the backend.
     /// Returns true when the response was held.
-    func holdUntilDurable(_ c: Client, rid: JSON) -> Bool {
+    func holdUntilDurable(_ c: ClientSession, rid: JSON) -> Bool {
         guard let p = persistence, p.durability == .sync else { return false }
         var w = JSONWriter(capacity: 48)
         w.raw("{\"rid\":")
@@ -387,7 +387,7 @@ extension Engine {
     static let scanMarker = "\u{0}scan:"
 
     /// Parks the client behind a load of `keys`; `line` is answered once they are in.
-    func park(_ c: Client, _ line: ParsedLine, keys: [String]) {
+    func park(_ c: ClientSession, _ line: ParsedLine, keys: [String]) {
         guard let p = persistence else { return }
         let ticket = LoadTicket()
         ticket.clients.append(c)
@@ -535,7 +535,7 @@ extension Engine {
     // MARK: Backlog
 
     /// Answers queued lines until the client waits again or has none.
-    func drain(_ c: Client) {
+    func drain(_ c: ClientSession) {
         while !c.isWaiting, let line = c.popBacklog() {
             process(line, c)
         }

@@ -185,7 +185,7 @@ extension Engine {
     /// Hands every changed entity of a queried type to the views it can
     /// affect, in a fixed order; returns the views that changed, ordered by
     /// definition, with their changes.
-    func updateQueries(_ change: StoreChange) -> [(QueryView, [CollectionChange])] {
+    func updateQueries(_ change: StoreChange) -> [(QueryView, [CollectionStep])] {
         guard !queries.types.isEmpty else { return [] }
         var changed: [(id: String, tq: TypeQueries)] = []
         for id in change.valueChanged {
@@ -250,7 +250,7 @@ extension Engine {
             }
         }
         touched.sort { $0.key < $1.key }
-        var out: [(QueryView, [CollectionChange])] = []
+        var out: [(QueryView, [CollectionStep])] = []
         for view in touched {
             queries.heldMembers += view.count - view.countBefore
             if let changes = view.takeChanges(current: current) { out.append((view, changes)) }
@@ -259,7 +259,7 @@ extension Engine {
     }
 
     /// Queues one mutation's query events (serial part of rendering).
-    func sendQueryEvents(_ list: [(QueryView, [CollectionChange])], seq: Int, context: JSON?) {
+    func sendQueryEvents(_ list: [(QueryView, [CollectionStep])], seq: Int, context: JSON?) {
         for (view, changes) in list {
             var w = JSONWriter(capacity: 128)
             writeQueryBody(&w, changes: changes, count: view.count, context: context)
@@ -280,7 +280,7 @@ extension Engine {
     }
 
     /// `,"changes":[…],"count":n[,"context":…]}\n`
-    func writeQueryBody(_ w: inout JSONWriter, changes: [CollectionChange], count: Int, context: JSON?) {
+    func writeQueryBody(_ w: inout JSONWriter, changes: [CollectionStep], count: Int, context: JSON?) {
         w.raw(",\"changes\":")
         writeChanges(&w, changes)
         w.raw(",\"count\":")

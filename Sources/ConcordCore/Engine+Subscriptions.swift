@@ -2,7 +2,7 @@ import ConcordJSON
 import ConcordProtocol
 
 extension Engine {
-    func subscribe(_ c: Client, rid: JSON, name: String, target: SubscribeTarget) throws(ProtocolError) {
+    func subscribe(_ c: ClientSession, rid: JSON, name: String, target: SubscribeTarget) throws(ProtocolError) {
         if c.subs[name] != nil {
             throw ProtocolError(.subExists, "subscription '\(clipID(name))' already exists on this connection")
         }
@@ -16,7 +16,7 @@ extension Engine {
                 value = tree.substituteKnown(model) { store.entity($0) }
             }
             let view = ModelView(tree: value, ids: Set(tree.identities(value).order))
-            let s = Subscription(client: c, name: name, kind: .model(view))
+            let s = SubscriptionRecord(client: c, name: name, kind: .model(view))
             view.sub = s
             for id in view.ids { modelWatchers[id, default: [:]][ObjectIdentifier(view)] = view }
             add(s, to: c)
@@ -29,7 +29,7 @@ extension Engine {
                 view = KeyView(key: key)
                 keyViews[key] = view
             }
-            let s = Subscription(client: c, name: name, kind: .key(view))
+            let s = SubscriptionRecord(client: c, name: name, kind: .key(view))
             view.add(s)
             add(s, to: c)
             let v = store.document(key) ?? .null
@@ -38,7 +38,7 @@ extension Engine {
             var unique: [String] = []
             var seen: Set<String> = []
             for id in list where seen.insert(id).inserted { unique.append(id) }
-            let s = Subscription(client: c, name: name, kind: .ids(unique))
+            let s = SubscriptionRecord(client: c, name: name, kind: .ids(unique))
             for id in unique { idWatchers[id, default: [:]][ObjectIdentifier(s)] = s }
             add(s, to: c)
             respond(c, rid: rid) { w in
@@ -54,13 +54,13 @@ extension Engine {
                 w.key("seq"); w.int(seq)
             }
         case .feed(let types):
-            let s = Subscription(client: c, name: name, kind: .feed(types: types.map { Set($0) }))
+            let s = SubscriptionRecord(client: c, name: name, kind: .feed(types: types.map { Set($0) }))
             feeds[ObjectIdentifier(s)] = s
             add(s, to: c)
             respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
         case .query(let spec):
             let view = try queryView(spec)
-            let s = Subscription(client: c, name: name, kind: .query(view))
+            let s = SubscriptionRecord(client: c, name: name, kind: .query(view))
             view.add(s)
             add(s, to: c)
             let items = queryItems(view)
@@ -77,7 +77,7 @@ extension Engine {
                 view = CollectionView(name: collection)
                 collectionViews[collection] = view
             }
-            let s = Subscription(client: c, name: name, kind: .collection(view))
+            let s = SubscriptionRecord(client: c, name: name, kind: .collection(view))
             view.add(s)
             add(s, to: c)
             let items = store.collectionItems(collection)
@@ -85,7 +85,7 @@ extension Engine {
         }
     }
 
-    private func add(_ s: Subscription, to c: Client) {
+    private func add(_ s: SubscriptionRecord, to c: ClientSession) {
         c.subs[s.name] = s
         subscriptionCount += 1
         subscriptionsByKind[s.kind.metricIndex] += 1
@@ -93,7 +93,7 @@ extension Engine {
     }
 
     /// Removes a subscription from every index (the caller removes it from its client).
-    func unregister(_ s: Subscription) {
+    func unregister(_ s: SubscriptionRecord) {
         subscriptionCount -= 1
         subscriptionsByKind[s.kind.metricIndex] -= 1
         switch s.kind {
@@ -134,7 +134,7 @@ extension Engine {
 
     /// What the subscriber was last sent, kept so a later catch-up can be
     /// computed from it (model views keep `lastSent` themselves).
-    func baseline(_ s: Subscription) -> PauseState {
+    func baseline(_ s: SubscriptionRecord) -> PauseState {
         let state = PauseState()
         switch s.kind {
         case .key(let view): state.document = store.document(view.key)
@@ -147,7 +147,7 @@ extension Engine {
         return state
     }
 
-    func pause(_ s: Subscription) {
+    func pause(_ s: SubscriptionRecord) {
         if let p = s.pause {
             p.byUser = true
             return
@@ -158,7 +158,7 @@ extension Engine {
     }
 
     /// Sends at most one event taking the subscriber from what it last got to now.
-    func resume(_ s: Subscription) {
+    func resume(_ s: SubscriptionRecord) {
         guard let state = s.pause, state.byUser else { return }
         s.pause = nil
         writeCatchUp(s, state, coalesced: false)
@@ -166,7 +166,7 @@ extension Engine {
     }
 
     /// The event(s) a `resume` sends (§5), also what coalescing writes (§6.6).
-    func writeCatchUp(_ s: Subscription, _ state: PauseState, coalesced: Bool) {
+    func writeCatchUp(_ s: SubscriptionRecord, _ state: PauseState, coalesced: Bool) {
         let c = s.client
         let context = state.changed ? state.context : nil
         switch s.kind {
@@ -214,7 +214,7 @@ extension Engine {
     // MARK: Event encoding
 
     /// `{"event":"<kind>","sub":<name>,"seq":<n>` — the per-subscriber head.
-    func eventHeader(_ w: inout JSONWriter, _ event: StaticString, _ s: Subscription, _ seq: Int, coalesced: Bool = false) {
+    func eventHeader(_ w: inout JSONWriter, _ event: StaticString, _ s: SubscriptionRecord, _ seq: Int, coalesced: Bool = false) {
         w.raw("{\"event\":\"")
         w.raw(event)
         w.raw("\",\"sub\":")
@@ -244,7 +244,7 @@ extension Engine {
     }
 
     /// `,"collection":…,"changes":[…][,"context":…]}\n`
-    func writeCollectionBody(_ w: inout JSONWriter, name: String, changes: [CollectionChange], context: JSON?) {
+    func writeCollectionBody(_ w: inout JSONWriter, name: String, changes: [CollectionStep], context: JSON?) {
         w.raw(",\"collection\":")
         w.string(name)
         w.raw(",\"changes\":")
@@ -253,7 +253,7 @@ extension Engine {
     }
 
     /// `[{"op":"insert",…},…]`: the change list of collection and query events.
-    func writeChanges(_ w: inout JSONWriter, _ changes: [CollectionChange]) {
+    func writeChanges(_ w: inout JSONWriter, _ changes: [CollectionStep]) {
         w.raw("[")
         for (i, c) in changes.enumerated() {
             if i > 0 { w.raw(",") }
@@ -291,14 +291,14 @@ extension Engine {
         w.raw("}\n")
     }
 
-    func modelEventBytes(_ s: Subscription, seq: Int, old: JSON, new: JSON, context: JSON?, coalesced: Bool = false) -> [UInt8] {
+    func modelEventBytes(_ s: SubscriptionRecord, seq: Int, old: JSON, new: JSON, context: JSON?, coalesced: Bool = false) -> [UInt8] {
         var w = JSONWriter(capacity: 256)
         eventHeader(&w, "update", s, seq, coalesced: coalesced)
         writeDocumentBody(&w, old: old, new: new, context: context)
         return w.bytes
     }
 
-    func deleteEventBytes(_ s: Subscription, seq: Int, context: JSON?) -> [UInt8] {
+    func deleteEventBytes(_ s: SubscriptionRecord, seq: Int, context: JSON?) -> [UInt8] {
         var w = JSONWriter(capacity: 64)
         eventHeader(&w, "delete", s, seq)
         writeContextAndEnd(&w, context)

@@ -89,16 +89,16 @@ public final class Engine {
     var tree: Tree { store.tree }
     let parser: JSONParser
 
-    var clients: [ConnectionID: Client] = [:]
-    var dirtyClients: [Client] = []
+    var clients: [ConnectionID: ClientSession] = [:]
+    var dirtyClients: [ClientSession] = []
 
     /// Identity → the model views holding it.
     var modelWatchers: [String: [ObjectIdentifier: ModelView]] = [:]
     var keyViews = NameTable<KeyView>()
     var collectionViews = NameTable<CollectionView>()
     /// Identity → the `ids` subscriptions listing it.
-    var idWatchers: [String: [ObjectIdentifier: Subscription]] = [:]
-    var feeds: [ObjectIdentifier: Subscription] = [:]
+    var idWatchers: [String: [ObjectIdentifier: SubscriptionRecord]] = [:]
+    var feeds: [ObjectIdentifier: SubscriptionRecord] = [:]
     var subscriptionCount = 0
     /// Live query views and their indexes (Engine+Queries.swift).
     let queries = QueryRegistry()
@@ -151,7 +151,7 @@ public final class Engine {
     /// A new connection. `flow` is shared with the driver (see ``ConnectionFlow``);
     /// `peer`: the process at the other end, when the driver knows it.
     public func open(_ id: ConnectionID, flow: ConnectionFlow = ConnectionFlow(), peer: PeerCredentials? = nil) {
-        let c = Client(id: id, flow: flow)
+        let c = ClientSession(id: id, flow: flow)
         c.peer = peer
         c.openedAt = clock()
         clients[id] = c
@@ -231,7 +231,7 @@ public final class Engine {
         process(parsed, c)
     }
 
-    func process(_ parsed: ParsedLine, _ c: Client) {
+    func process(_ parsed: ParsedLine, _ c: ClientSession) {
         c.requests += 1
         // Events held back before this request are written before its response (§6.6).
         if !c.coalesced.isEmpty { flushCoalesced(c) }
@@ -273,7 +273,7 @@ public final class Engine {
         checkInvariantsIfEnabled()
     }
 
-    func dispatch(_ r: Request, _ c: Client) throws(ProtocolError) {
+    func dispatch(_ r: Request, _ c: ClientSession) throws(ProtocolError) {
         switch r.op {
         case .hello(let name):
             if let name { c.name = name }
@@ -344,14 +344,14 @@ public final class Engine {
 
     // MARK: Responses
 
-    func markDirty(_ c: Client) {
+    func markDirty(_ c: ClientSession) {
         if !c.dirty {
             c.dirty = true
             dirtyClients.append(c)
         }
     }
 
-    func respond(_ c: Client, rid: JSON, _ body: (inout JSONWriter) -> Void) {
+    func respond(_ c: ClientSession, rid: JSON, _ body: (inout JSONWriter) -> Void) {
         // A response follows every event it must follow; coalesced ones too (§6.6).
         if !c.coalesced.isEmpty { flushCoalesced(c) }
         // Straight into the connection's own output buffer: no temporary array.
@@ -366,7 +366,7 @@ public final class Engine {
         markDirty(c)
     }
 
-    func respondError(_ c: Client, rid: JSON, _ e: ProtocolError) {
+    func respondError(_ c: ClientSession, rid: JSON, _ e: ProtocolError) {
         if !c.coalesced.isEmpty { flushCoalesced(c) }
         responsesQueued += 1
         errorsByCode[e.code, default: 0] += 1
@@ -382,7 +382,7 @@ public final class Engine {
         markDirty(c)
     }
 
-    func respondStats(_ c: Client, rid: JSON, clients listClients: Bool = false, prometheus: Bool = false) {
+    func respondStats(_ c: ClientSession, rid: JSON, clients listClients: Bool = false, prometheus: Bool = false) {
         let memory = statsSource?.memoryStats() ?? .object(JSONObject())
         let cache = statsSource?.cacheStats() ?? ["backend": "memory", "entities": .int(store.entities.count)]
         // Written first: it reads every connection's queue, the asker's included.

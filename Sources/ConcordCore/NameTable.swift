@@ -118,7 +118,7 @@ struct NameTable<Element: Named> {
     }
 }
 
-extension Subscription: Named {
+extension SubscriptionRecord: Named {
     var tableName: String { name }
 }
 

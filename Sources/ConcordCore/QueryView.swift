@@ -18,7 +18,7 @@ final class QueryView: SharedView {
     /// Each member's identity → its node in the tree (which holds its sort values).
     var members: [String: Int32] = [:]
     /// Window changes of the mutation being rendered, and the count before it.
-    var pending: [CollectionChange] = []
+    var pending: [CollectionStep] = []
     var countBefore = 0
     var touched = false
     /// How this view is found by an update (Engine+Queries: the equality index).
@@ -181,7 +181,7 @@ final class QueryView: SharedView {
     /// The changes of the mutation, shortened to one `reset` when that is
     /// smaller (a limited window that changed more than its size); nil when
     /// neither the window nor the count changed.
-    func takeChanges(current: (String) -> JSON?) -> [CollectionChange]? {
+    func takeChanges(current: (String) -> JSON?) -> [CollectionStep]? {
         defer {
             pending = []
             touched = false

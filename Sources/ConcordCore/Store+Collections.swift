@@ -28,7 +28,7 @@ enum CollectionUndo {
 
 /// One step of a collection's change list (PROTOCOL.md §4 collections).
 /// Applied in order to the previous list, the steps give the new list.
-enum CollectionChange {
+enum CollectionStep {
     case insert(index: Int, items: [JSON])
     case remove(index: Int, count: Int)
     case update(index: Int, item: JSON)
@@ -215,7 +215,7 @@ extension Store {
         }
     }
 
-    private func recordChange(_ name: String, _ c: CollectionChange, changed: Bool = true) {
+    private func recordChange(_ name: String, _ c: CollectionStep, changed: Bool = true) {
         if changed { collectionsChanged.insert(name) }
         touchedCollections.insert(name)
         if case .update(let i, _) = c, case .update(let j, _)? = collectionChanges[name]?.last, i == j {

@@ -85,7 +85,7 @@ final class Store {
     /// Collections the running mutation created, edited or dropped.
     var touchedCollections: Set<String> = []
     /// The running mutation's changes per collection, in order.
-    var collectionChanges: [String: [CollectionChange]] = [:]
+    var collectionChanges: [String: [CollectionStep]] = [:]
     /// Collections whose list really changed in the running mutation (not only forced rewrites).
     var collectionsChanged: Set<String> = []
     /// Required members per type, and the order types were first declared in.

@@ -1,0 +1,46 @@
+import ConcordJSON
+
+/// One client session as the core sees it.
+final class ClientSession {
+    let id: ConnectionID
+    var subs = NameTable<SubscriptionRecord>()
+    var output = OutputQueue()
+    var dirty = false
+    /// Lines read while an earlier request of this connection waits (read-through
+    /// load, or a sync acknowledgement): answered in order once it is done.
+    var backlog: [Engine.ParsedLine] = []
+    var backlogHead = 0
+    var waitingTicket: Int?
+    var waitingDurable: Int?
+    var heldResponse: (rid: JSON, bytes: [UInt8])?
+    /// Shared with the driver: bytes it has not written yet, bytes it read that we did not take.
+    let flow: ConnectionFlow
+    /// Non-zero while this connection's events are coalesced (§6.6): the episode number.
+    var coalescing = 0
+    /// Subscriptions that changed while coalescing (each listed once).
+    var coalesced: [SubscriptionRecord] = []
+    /// For the operator (`stats` with `clients`): the name from `hello`, the
+    /// peer process, when the connection opened, requests answered.
+    var name: String?
+    var peer: PeerCredentials?
+    var openedAt = 0.0
+    var requests = 0
+
+    init(id: ConnectionID, flow: ConnectionFlow) {
+        self.id = id
+        self.flow = flow
+    }
+
+    var isWaiting: Bool { waitingTicket != nil || waitingDurable != nil }
+
+    func popBacklog() -> Engine.ParsedLine? {
+        guard backlogHead < backlog.count else { return nil }
+        let line = backlog[backlogHead]
+        backlogHead += 1
+        if backlogHead == backlog.count {
+            backlog.removeAll(keepingCapacity: true)
+            backlogHead = 0
+        }
+        return line
+    }
+}

@@ -1,0 +1,72 @@
+import ConcordJSON
+
+/// A named view owned by one connection (PROTOCOL.md §3).
+final class SubscriptionRecord {
+    enum Kind {
+        case model(ModelView)
+        case key(KeyView)
+        case ids([String])
+        case feed(types: Set<String>?)
+        case collection(CollectionView)
+        case query(QueryView)
+
+        /// Position in ``Engine/subscriptionKindNames``.
+        var metricIndex: Int {
+            switch self {
+            case .model: 0
+            case .key: 1
+            case .collection: 2
+            case .ids: 3
+            case .feed: 4
+            case .query: 5
+            }
+        }
+    }
+
+    // Field order keeps the object at 64 bytes (a jemalloc size class): a
+    // million subscriptions should not pay for padding.
+    unowned(unsafe) let client: ClientSession  // a client unregisters its subscriptions before it goes
+    let name: String
+    var kind: Kind
+    /// True when `name` can be written between quotes as it is (the common case),
+    /// so event headers need no escaping pass and no stored copy.
+    let nameIsPlain: Bool
+    /// Position in a shared view's subscriber list (key and collection subscriptions).
+    var slot: Int32 = -1
+    /// Present while paused. Kept out of line: most subscriptions never pause,
+    /// and a million of them should not each carry this state.
+    var pause: PauseState?
+
+    var paused: Bool { pause != nil }
+
+    init(client: ClientSession, name: String, kind: Kind) {
+        self.client = client
+        self.name = name
+        self.kind = kind
+        self.nameIsPlain = name.utf8.allSatisfy { $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }
+    }
+
+    /// Writes the name as a JSON string.
+    func writeName(_ w: inout JSONWriter) {
+        if nameIsPlain {
+            w.bytes.append(0x22)
+            if name.utf8.withContiguousStorageIfAvailable({ w.bytes.append(contentsOf: $0) }) == nil {
+                w.bytes.append(contentsOf: name.utf8)
+            }
+            w.bytes.append(0x22)
+        } else {
+            w.string(name)
+        }
+    }
+
+    var typeName: String {
+        switch kind {
+        case .model: return "model"
+        case .key: return "key"
+        case .ids: return "ids"
+        case .feed: return "feed"
+        case .collection: return "collection"
+        case .query: return "query"
+        }
+    }
+}

@@ -1,0 +1,86 @@
+import ConcordJSON
+
+/// A `model` subscription's private tree.
+final class ModelView {
+    unowned(unsafe) var sub: SubscriptionRecord?
+    var tree: JSON
+    /// The value last sent (the subscribe response or the last event).
+    var lastSent: JSON
+    /// Every identity in `tree`: what this view watches.
+    var ids: Set<String>
+
+    init(tree: JSON, ids: Set<String>) {
+        self.tree = tree
+        self.lastSent = tree
+        self.ids = ids
+    }
+}
+
+/// The subscribers of a shared view, with O(1) removal (each subscription
+/// remembers its slot). Most keys have one subscriber: it is kept inline,
+/// and an array is only allocated for the second.
+class SharedView {
+    private var first: SubscriptionRecord?
+    private var rest: [SubscriptionRecord] = []
+
+    var isEmpty: Bool { first == nil }
+
+    func forEach(_ body: (SubscriptionRecord) -> Void) {
+        guard let first else { return }
+        body(first)
+        for s in rest { body(s) }
+    }
+
+    func add(_ s: SubscriptionRecord) {
+        if first == nil {
+            first = s
+            s.slot = 0
+        } else {
+            rest.append(s)
+            s.slot = Int32(rest.count)
+        }
+    }
+
+    func remove(_ s: SubscriptionRecord) {
+        let i = Int(s.slot)
+        if i == 0, first === s {
+            first = rest.popLast()
+            first?.slot = 0
+        } else if i >= 1, i <= rest.count, rest[i - 1] === s {
+            let last = rest.removeLast()
+            if i - 1 < rest.count {
+                rest[i - 1] = last
+                last.slot = Int32(i)
+            }
+        } else {
+            return
+        }
+        s.slot = -1
+    }
+
+    func removeAll() {
+        first = nil
+        rest = []
+    }
+}
+
+/// All `key` subscriptions of one cache key share one view: the document is
+/// rendered and encoded once per mutation and the bytes go to every subscriber.
+/// Its running subscribers always hold the store's document as of the last
+/// mutation, so the view keeps no copy of it (48 bytes: one per watched key).
+final class KeyView: SharedView {
+    let key: String
+
+    init(key: String) {
+        self.key = key
+    }
+}
+
+/// All subscriptions of one collection share one view: running subscribers
+/// always hold the server's list as of the last mutation, so one encoded
+/// change list serves them all.
+final class CollectionView: SharedView {
+    let name: String
+
+    init(name: String) { self.name = name }
+}
