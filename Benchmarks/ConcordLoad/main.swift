@@ -98,9 +98,7 @@ func now() -> Double {
 final class Client: @unchecked Sendable {
     // Sendable: each instance is used by one thread at a time.
     let fd: Int32
-    var buf = [UInt8](repeating: 0, count: 1 << 20)
-    var start = 0
-    var end = 0
+    var reader: SocketLineReader
 
     convenience init(_ path: String) {
         guard let fd = Client.connectSocket(path) else {
@@ -110,7 +108,10 @@ final class Client: @unchecked Sendable {
         self.init(fd: fd)
     }
 
-    init(fd: Int32) { self.fd = fd }
+    init(fd: Int32) {
+        self.fd = fd
+        reader = SocketLineReader(fd: fd, capacity: 1 << 20)
+    }
 
     /// A connected socket, or nil.
     static func connectSocket(_ path: String) -> Int32? { try? UnixSocket.connect(path) }
@@ -126,21 +127,9 @@ final class Client: @unchecked Sendable {
 
     /// Calls `line` for each complete line until it returns false.
     func readLines(_ line: (UnsafeBufferPointer<UInt8>) -> Bool) {
-        while true {
-            while let nl = buf[start..<end].firstIndex(of: 0x0A) {
-                let keepGoing = buf.withUnsafeBufferPointer { line(UnsafeBufferPointer(rebasing: $0[start..<nl])) }
-                start = nl + 1
-                if !keepGoing { return }
-            }
-            if start > 0 {
-                buf.replaceSubrange(0..<(end - start), with: buf[start..<end])
-                end -= start
-                start = 0
-            }
-            if end == buf.count { buf += [UInt8](repeating: 0, count: buf.count) }
-            let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + end, $0.count - end, 0) }
-            if n <= 0 { FileHandle.standardError.write(Data("connection closed\n".utf8)); exit(1) }
-            end += n
+        if !reader.readLines(line) {
+            FileHandle.standardError.write(Data("connection closed\n".utf8))
+            exit(1)
         }
     }
 

@@ -206,33 +206,25 @@ public final class ConcordClient: @unchecked Sendable {
     // MARK: Reading
 
     private func readLoop(fd: Int32, generation: Int) {
-        var buffer: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 1 << 16)
+        var reader = SocketLineReader(fd: fd)
         // Stored values nest at most `--max-depth` − 1 levels (at most 10,000);
         // a private model view can hold a stored value at a position as deep,
         // and the message around it adds a few levels.
         let parser = JSONParser(maxDepth: Self.maxMessageDepth)
         var group: EntityGroup?
-        while true {
-            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n <= 0 { break }
-            buffer.append(contentsOf: chunk[0..<n])
-            var start = 0
-            while let nl = buffer[start...].firstIndex(of: 0x0A) {
-                let line = Array(buffer[start..<nl])
-                start = nl + 1
-                guard let v = try? parser.parse(line), case .object(let o) = v else { continue }
-                if o["event"] != nil {
-                    route(event: o, group: &group)
-                } else {
-                    flush(&group)
-                    deliver(response: v)
-                }
+        reader.readLines({ line in
+            guard let v = try? parser.parse(line), case .object(let o) = v else { return true }
+            if o["event"] != nil {
+                route(event: o, group: &group)
+            } else {
+                flush(&group)
+                deliver(response: v)
             }
-            buffer.removeSubrange(0..<start)
+            return true
+        }, boundary: {
             // Events of one mutation are written together; a read boundary ends the group.
             flush(&group)
-        }
+        })
         flush(&group)
         connectionLost(fd: fd, generation: generation)
     }

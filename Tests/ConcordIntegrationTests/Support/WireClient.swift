@@ -11,13 +11,14 @@ import Glibc
 final class WireClient: @unchecked Sendable {
     // Sendable: a client is used by one thread at a time (tests hand it over, never share it).
     let fd: Int32
-    private var buffer: [UInt8] = []
+    private var reader: SocketLineReader
     /// Events read while waiting for responses, in arrival order.
     var events: [JSON] = []
     private let parser = JSONParser(maxDepth: 100_000)
 
     init(path: String, timeout: Double = 10) throws {
         do { fd = try UnixSocket.connect(path) } catch { throw TestFailure(error.description) }
+        reader = SocketLineReader(fd: fd)
         setTimeout(timeout)
     }
 
@@ -56,18 +57,9 @@ final class WireClient: @unchecked Sendable {
 
     /// The next line from the server, or nil at EOF.
     func readLine() throws -> [UInt8]? {
-        while true {
-            if let nl = buffer.firstIndex(of: 0x0A) {
-                let line = Array(buffer[..<nl])
-                buffer.removeSubrange(...nl)
-                return line
-            }
-            var chunk = [UInt8](repeating: 0, count: 1 << 16)
-            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n == 0 { return nil }
-            if n < 0 { throw TestFailure("read failed or timed out: errno \(errno)") }
-            buffer.append(contentsOf: chunk[..<n])
-        }
+        if let line = reader.readLine() { return line }
+        if reader.lastError != 0 { throw TestFailure("read failed or timed out: errno \(reader.lastError)") }
+        return nil
     }
 
     func readJSON() throws -> JSON? {

@@ -24,11 +24,11 @@ final class Conn: @unchecked Sendable {
     // Sendable: a connection is handed to exactly one thread at a time.
     let fd: Int32
     private var buf = [UInt8](repeating: 0, count: 1 << 20)
-    private var start = 0
-    private var end = 0
+    private var reader: SocketLineReader
 
     init(_ path: String) throws {
         do { fd = try UnixSocket.connect(path) } catch { throw BenchError(error.description) }
+        reader = SocketLineReader(fd: fd, capacity: 1 << 20)
         UnixSocket.setOption(fd, SO_RCVBUF, 4 << 20)
     }
 
@@ -55,24 +55,7 @@ final class Conn: @unchecked Sendable {
     }
 
     /// Next line (without "\n"), buffered.
-    func readLine() -> [UInt8]? {
-        while true {
-            if let nl = buf[start..<end].firstIndex(of: 0x0A) {
-                let line = Array(buf[start..<nl])
-                start = nl + 1
-                return line
-            }
-            if start > 0 {
-                buf.replaceSubrange(0..<(end - start), with: buf[start..<end])
-                end -= start
-                start = 0
-            }
-            if end == buf.count { buf += [UInt8](repeating: 0, count: buf.count) }
-            let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + end, $0.count - end, 0) }
-            if n <= 0 { return nil }
-            end += n
-        }
-    }
+    func readLine() -> [UInt8]? { reader.readLine() }
 
     /// Reads `n` lines (responses), discarding them.
     func skipLines(_ n: Int) {
