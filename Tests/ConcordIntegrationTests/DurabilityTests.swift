@@ -20,12 +20,7 @@ struct DurabilityTests {
     }
 
     static func waitFor(_ what: String, timeout: Double = 15, _ condition: () throws -> Bool) throws {
-        let deadline = Date().addingTimeInterval(timeout)
-        while Date() < deadline {
-            if try condition() { return }
-            usleep(50_000)
-        }
-        throw TestFailure("timed out waiting for \(what)")
+        try waitUntil(what, timeout: timeout, condition)
     }
 
     @Test func syncShutdownUnderAPipelinedWriterAnswersEverythingReadAndLosesNoAck() throws {

@@ -129,7 +129,10 @@ struct PersistenceTests {
         try c.write(batch)
         for _ in 0..<3000 { _ = try c.response() }
         _ = try c.request(#"{"op":"ping"}"#)
-        usleep(200_000)
+        // The backend stores behind the core: wait until it has evicted down to its bound.
+        try waitUntil("the memory backend to evict to its bound") {
+            (try c.request(#"{"op":"stats"}"#)["cache"]?["bytes"]?.numberValue?.intValue ?? .max) <= 200_000
+        }
         let cache = try c.request(#"{"op":"stats"}"#)["cache"]!
         #expect(cache["backend"] == "memory")
         #expect((cache["bytes"]?.numberValue?.intValue ?? .max) <= 200_000)
@@ -155,8 +158,10 @@ struct PersistenceTests {
             for _ in 0..<2000 { _ = try c.response() }
         }
         _ = try c.request(#"{"op":"ping"}"#)
-        usleep(300_000)
-        _ = try c.request(#"{"op":"ping"}"#)
+        // Records become evictable once the backend stored them (write-behind): wait for that.
+        try? waitUntil("records to be evicted", timeout: 10) {
+            (try c.request(#"{"op":"stats"}"#)["entities"]?.numberValue?.intValue ?? .max) < 20_001
+        }
         let stats = try c.request(#"{"op":"stats"}"#)
         let resident = stats["entities"]?.numberValue?.intValue ?? .max
         #expect(resident < 20_001, "nothing was evicted: \(resident) entities resident")

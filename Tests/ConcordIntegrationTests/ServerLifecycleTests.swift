@@ -57,7 +57,12 @@ struct ServerLifecycleTests {
         let c = try server.connect()
         for i in 0..<200 { try c.send(#"{"op":"update","model":{"id":"A","v":\#(i)},"rid":\#(i)}"#) }
         try c.send(#"{"op":"ping","rid":"last"}"#)
-        usleep(100_000)
+        // Wait until the server has read all 201 lines (another connection sees its request count).
+        let watcher = try server.connect()
+        try waitUntil("the server to read every line") {
+            let clients = try watcher.request(#"{"op":"stats","clients":true}"#)["clients"]?.arrayValue ?? []
+            return clients.contains { $0["requests"]?.numberValue?.intValue == 201 }
+        }
         #expect(server.stop() == 0)
         // Everything sent before the signal was answered and flushed.
         for i in 0..<200 { #expect(try c.response()["rid"] == .int(i)) }
@@ -167,9 +172,11 @@ struct ServerLifecycleTests {
         #expect(try first.request(#"{"op":"ping"}"#)["ok"] == true)
         for c in clients { c.close() }
         clients = []
-        usleep(200_000)
-        let again = try WireClient(path: sock)
-        #expect(try again.request(#"{"op":"ping"}"#)["ok"] == true)
+        // The server accepts again once it has seen the closes.
+        try waitUntil("the server to accept again") {
+            guard let again = try? WireClient(path: sock, timeout: 2) else { return false }
+            return (try? again.request(#"{"op":"ping"}"#))?["ok"] == true
+        }
         kill(p.processIdentifier, SIGTERM)
         p.waitUntilExit()
         let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""

@@ -36,6 +36,18 @@ extension ConcordTestServer {
     }
 }
 
+/// Polls `condition` every 20 ms until it holds; throws after `timeout`
+/// seconds. Tests wait for things this way, never with a fixed sleep.
+func waitUntil(_ what: String, timeout: Double = 15, _ condition: () throws -> Bool) throws {
+    let deadline = Date().addingTimeInterval(timeout)
+    while Date() < deadline {
+        if try condition() { return }
+        usleep(20_000)
+    }
+    if try condition() { return }
+    throw TestFailure("timed out after \(timeout) s waiting for \(what)")
+}
+
 struct TestFailure: Error, CustomStringConvertible {
     let description: String
     init(_ d: String) { description = d }
