@@ -1,5 +1,5 @@
 public import ConcordCore
-import ConcordProtocol
+import ConcordSocket
 import Logging
 
 /// Everything `concord-server` can be told. Every member has the documented default.
