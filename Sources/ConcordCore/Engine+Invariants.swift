@@ -41,12 +41,30 @@ extension Engine {
             }
         }
         for (id, views) in queries.memberOf {
-            views.forEach { v in if v.members[id] == nil { note("\(id) is indexed to query view \(v.key), which does not hold it") } }
+            for slot in 0..<views.count {
+                let v = views[slot]
+                guard let m = v.members[id] else {
+                    note("\(id) is indexed to query view \(v.key), which does not hold it")
+                    continue
+                }
+                if m.slot != Int32(slot) { note("\(id): query view \(v.key) is at slot \(slot) of its list but thinks \(m.slot)") }
+                if !v.retired && queries.views[v.key] !== v { note("\(id) is indexed to query view \(v.key), which is neither live nor dropped") }
+            }
         }
-        let held = queries.views.values.reduce(0) { $0 + $1.count }
+        let held = queries.views.values.reduce(0) { $0 + $1.held }
         if held != queries.heldMembers { note("query views hold \(held) entities but \(queries.heldMembers) are counted") }
         for (type, tq) in queries.types {
             let prefix = type + ":"
+            for (i, v) in tq.unindexed.enumerated() where v.unindexedSlot != Int32(i) {
+                note("type \(type): unindexed view \(v.key) is at \(i) but thinks \(v.unindexedSlot)")
+            }
+            for (_, byKey) in tq.byValue {
+                for (vk, filed) in byKey {
+                    for (i, f) in filed.enumerated() where f.view.valueSlots[Int(f.value)] != Int32(i) || f.view.index?.values[Int(f.value)] != vk {
+                        note("type \(type): view \(f.view.key) filed at \(i) under a value disagrees with its slot")
+                    }
+                }
+            }
             let inMemory = Set(store.entities.keys.filter { $0.hasPrefix(prefix) })
             if inMemory != tq.entities { note("type \(type): the query index knows \(tq.entities.count) entities, memory holds \(inMemory.count)") }
             for (pk, entry) in tq.paths {

@@ -320,6 +320,7 @@ extension Engine {
         // Query views last: after every other view of the mutation, in definition order.
         if !queries.types.isEmpty {
             sendQueryEvents(updateQueries(change), seq: seq, context: context)
+            enforceQueryCap(seq: seq)
         }
     }
 

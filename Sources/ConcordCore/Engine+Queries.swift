@@ -12,8 +12,14 @@ import ConcordProtocol
 /// for unindexed ones, which cost one predicate test per changed entity of
 /// their type each.
 final class TypeQueries {
+    /// A view filed under one value of its indexed path, and which of its
+    /// values that is (so moving it within the list updates its slot in O(1)).
+    struct Filed {
+        unowned(unsafe) let view: QueryView  // the view unfiles itself before it goes
+        let value: Int32
+    }
     /// path (joined by NUL) → value key → views.
-    var byValue: [String: [String: [QueryView]]] = [:]
+    var byValue: [String: [String: [Filed]]] = [:]
     /// path (joined by NUL) → how many views are filed under it.
     var paths: [String: (path: QueryPath, views: Int)] = [:]
     var unindexed: [QueryView] = []
@@ -28,14 +34,23 @@ final class TypeQueries {
 }
 
 /// The query views one entity is a member of. Most entities are in one:
-/// it is kept inline, and an array is only allocated for a second.
+/// it is kept inline, and an array is only allocated for a second. Each
+/// view knows its place (``QueryView/Member/slot``), so leaving is O(1).
 struct ViewList {
     private(set) var first: QueryView
     private var rest: [QueryView] = []
 
     init(_ view: QueryView) { first = view }
 
-    mutating func append(_ view: QueryView) { rest.append(view) }
+    var count: Int { 1 + rest.count }
+
+    subscript(slot: Int) -> QueryView { slot == 0 ? first : rest[slot - 1] }
+
+    /// Appends `view`; returns its slot.
+    mutating func append(_ view: QueryView) -> Int32 {
+        rest.append(view)
+        return Int32(rest.count)
+    }
 
     func contains(_ view: QueryView) -> Bool { first === view || rest.contains { $0 === view } }
 
@@ -44,15 +59,13 @@ struct ViewList {
         for v in rest { body(v) }
     }
 
-    /// Removes `view`; false when nothing is left.
-    mutating func remove(_ view: QueryView) -> Bool {
-        if first === view {
-            guard let last = rest.popLast() else { return false }
-            first = last
-            return true
-        }
-        rest.removeAll { $0 === view }
-        return true
+    /// Removes the view at `slot` by moving the last one into its place.
+    /// Returns the view moved (now at `slot`), and false when none is left.
+    mutating func remove(at slot: Int) -> (moved: QueryView?, left: Bool) {
+        guard let last = rest.popLast() else { return (nil, false) }
+        if slot == rest.count + 1 { return (nil, true) }
+        if slot == 0 { first = last } else { rest[slot - 1] = last }
+        return (last, true)
     }
 }
 
@@ -62,9 +75,14 @@ final class QueryRegistry {
     var types: [String: TypeQueries] = [:]
     /// Entity → the views it is a member of.
     var memberOf: [String: ViewList] = [:]
-    /// Entities all views hold together (the sum of their counts), kept as
-    /// views are built, dropped and changed (`--max-query-entities`).
+    /// Member slots all views hold together (members × sort keys, see
+    /// ``QueryView/weight``), kept as views are built, dropped and changed
+    /// (`--max-query-entities`).
     var heldMembers = 0
+    /// Dropped views still filed in the indexes, unfiled in slices between
+    /// turns (``Engine/doDeferredWork(units:)``); `retiringHead` is the next.
+    var retiring: [QueryView] = []
+    var retiringHead = 0
 }
 
 extension Engine {
@@ -80,31 +98,44 @@ extension Engine {
         }
         let view = QueryView(key: key, spec: spec)
         let tq = typeQueries(spec.type)
-        view.index = QueryIndexKey.of(spec.condition)
+        view.index = QueryIndexKey.of(view.condition)
         // Build: candidates from the value index when the view has one.
         if let idx = view.index {
             let pk = Self.pathKey(idx.path)
             ensureValueIndex(tq, idx.path)
-            var candidates: [String] = []
-            for vk in idx.values { candidates.append(contentsOf: tq.entitiesByValue[pk]?[vk] ?? []) }
-            for id in candidates { if let v = store.entity(id) { view.add(id, v) } }
-            for vk in idx.values { tq.byValue[pk, default: [:]][vk, default: []].append(view) }
+            if let byValue = tq.entitiesByValue[pk] {
+                for vk in idx.values {
+                    guard let ids = byValue[vk] else { continue }
+                    for id in ids { if let v = store.entity(id) { view.add(id, v) } }
+                }
+            }
+            view.valueSlots.reserveCapacity(idx.values.count)
+            for (j, vk) in idx.values.enumerated() {
+                let filed = TypeQueries.Filed(view: view, value: Int32(j))
+                if tq.byValue[pk] == nil { tq.byValue[pk] = [:] }
+                if tq.byValue[pk]![vk] == nil {
+                    tq.byValue[pk]![vk] = [filed]
+                    view.valueSlots.append(0)
+                } else {
+                    tq.byValue[pk]![vk]!.append(filed)
+                    view.valueSlots.append(Int32(tq.byValue[pk]![vk]!.count - 1))
+                }
+            }
             tq.paths[pk] = (idx.path, (tq.paths[pk]?.views ?? 0) + 1)
         } else {
             for id in tq.entities { if let v = store.entity(id) { view.add(id, v) } }
+            view.unindexedSlot = Int32(tq.unindexed.count)
             tq.unindexed.append(view)
         }
-        for id in view.members.keys {
-            if queries.memberOf[id] == nil { queries.memberOf[id] = ViewList(view) } else { queries.memberOf[id]!.append(view) }
-        }
+        for id in view.members.keys { fileMember(id, view) }
         tq.viewCount += 1
         queries.views[key] = view
         // Memory is bounded by configuration: every view holds all its matches.
-        queries.heldMembers += view.count
+        queries.heldMembers += view.held
         if queries.heldMembers > configuration.maxQueryEntities {
             let n = view.count
             dropQueryView(view)
-            throw ProtocolError(.limitExceeded, "this query matches \(n) entities; with the live queries already kept that is over \(configuration.maxQueryEntities) (--max-query-entities): narrow it with a condition")
+            throw ProtocolError(.limitExceeded, "this query matches \(n) entities (× \(view.weight) sort keys); with the live queries already kept that is over \(configuration.maxQueryEntities) (--max-query-entities): narrow it with a condition")
         }
         return view
     }
@@ -129,41 +160,125 @@ extension Engine {
         tq.entitiesByValue[pk] = byValue
     }
 
-    /// A view lost its last subscriber: unfile it and forget its members.
-    func dropQueryView(_ view: QueryView) {
-        queries.views[view.key] = nil
-        queries.heldMembers -= view.count
-        for id in view.members.keys {
-            if var list = queries.memberOf[id] {
-                queries.memberOf[id] = list.remove(view) ? list : nil
-            }
-        }
-        view.dropAll()
-        guard let tq = queries.types[view.spec.type] else { return }
-        if let idx = view.index {
-            let pk = Self.pathKey(idx.path)
-            for vk in idx.values {
-                tq.byValue[pk]?[vk]?.removeAll { $0 === view }
-                if tq.byValue[pk]?[vk]?.isEmpty == true { tq.byValue[pk]?[vk] = nil }
-            }
-            let left = (tq.paths[pk]?.views ?? 1) - 1
-            if left == 0 {
-                tq.paths[pk] = nil
-                tq.byValue[pk] = nil
-                tq.entitiesByValue[pk] = nil
-            } else {
-                tq.paths[pk]?.views = left
-            }
+    /// Lists `view` among the views `id` is a member of.
+    private func fileMember(_ id: String, _ view: QueryView) {
+        let slot: Int32
+        if queries.memberOf[id] == nil {
+            queries.memberOf[id] = ViewList(view)
+            slot = 0
         } else {
-            tq.unindexed.removeAll { $0 === view }
+            slot = queries.memberOf[id]!.append(view)
         }
-        tq.viewCount -= 1
-        if tq.viewCount == 0 {
-            queries.types[view.spec.type] = nil
-            // Its entities may be evicted again; a later query lists them anew.
-            persistence?.loadedTypes.remove(view.spec.type)
+        view.members[id]?.slot = slot
+    }
+
+    /// Takes `view` out of `id`'s list, in O(1): the last view of the list
+    /// moves into its slot. Nothing when the list no longer holds it there
+    /// (an update rebuilt the list without the dropped view).
+    private func unfileMember(_ id: String, _ view: QueryView, slot: Int32) {
+        guard slot >= 0, let list = queries.memberOf[id], Int(slot) < list.count, list[Int(slot)] === view else { return }
+        let (moved, left) = queries.memberOf[id]!.remove(at: Int(slot))
+        if !left {
+            queries.memberOf[id] = nil
+        } else if let moved {
+            moved.members[id]?.slot = slot
         }
     }
+
+    /// A view lost its last subscriber (or could not be kept): it is no
+    /// longer found by its definition, its memory and count are released at
+    /// once, and it is unfiled from the indexes in slices between turns
+    /// (deferred work), so dropping many large views never holds a turn.
+    func dropQueryView(_ view: QueryView) {
+        queries.views[view.key] = nil
+        queries.heldMembers -= view.held
+        view.retired = true
+        view.tree.removeAll()
+        view.pending = []
+        view.unfiling = view.members.makeIterator()
+        queries.retiring.append(view)
+    }
+
+    /// Unfiles retired views: at most `units` memberships and index entries.
+    /// Returns the units used.
+    func unfileRetiredViews(units: Int) -> Int {
+        var used = 0
+        while used < units, queries.retiringHead < queries.retiring.count {
+            let view = queries.retiring[queries.retiringHead]
+            // Its memberships.
+            while used < units, let (id, _) = view.unfiling?.next() {
+                if let m = view.members[id] { unfileMember(id, view, slot: m.slot) }
+                used += 1
+            }
+            if used >= units { break }
+            view.unfiling = nil
+            view.members = [:]
+            guard let tq = queries.types[view.spec.type] else {
+                queries.retiringHead += 1
+                continue
+            }
+            // Its entries in the value index.
+            if let idx = view.index {
+                let pk = Self.pathKey(idx.path)
+                while used < units, view.unfiledValues < idx.values.count {
+                    let j = view.unfiledValues
+                    unfileValue(tq, pk, idx.values[j], view, slot: view.valueSlots[j])
+                    view.unfiledValues += 1
+                    used += 1
+                }
+                if used >= units { break }
+                let left = (tq.paths[pk]?.views ?? 1) - 1
+                if left == 0 {
+                    tq.paths[pk] = nil
+                    tq.byValue[pk] = nil
+                    tq.entitiesByValue[pk] = nil
+                } else {
+                    tq.paths[pk]?.views = left
+                }
+            } else if view.unindexedSlot >= 0, Int(view.unindexedSlot) < tq.unindexed.count, tq.unindexed[Int(view.unindexedSlot)] === view {
+                let i = Int(view.unindexedSlot)
+                let last = tq.unindexed.removeLast()
+                if i < tq.unindexed.count {
+                    tq.unindexed[i] = last
+                    last.unindexedSlot = Int32(i)
+                }
+                view.unindexedSlot = -1
+                used += 1
+            }
+            tq.viewCount -= 1
+            if tq.viewCount == 0 {
+                queries.types[view.spec.type] = nil
+                // Its entities may be evicted again; a later query lists them anew.
+                persistence?.loadedTypes.remove(view.spec.type)
+            }
+            queries.retiringHead += 1
+        }
+        if queries.retiringHead == queries.retiring.count {
+            queries.retiring = []
+            queries.retiringHead = 0
+        } else if queries.retiringHead > 1024 && queries.retiringHead * 2 > queries.retiring.count {
+            queries.retiring.removeFirst(queries.retiringHead)
+            queries.retiringHead = 0
+        }
+        return used
+    }
+
+    /// Removes one filing of a view under value key `vk`, in O(1).
+    private func unfileValue(_ tq: TypeQueries, _ pk: String, _ vk: String, _ view: QueryView, slot: Int32) {
+        guard var count = tq.byValue[pk]?[vk]?.count, slot >= 0, Int(slot) < count,
+              tq.byValue[pk]![vk]![Int(slot)].view === view else { return }
+        let last = tq.byValue[pk]![vk]!.removeLast()
+        count -= 1
+        if Int(slot) < count {
+            tq.byValue[pk]![vk]![Int(slot)] = last
+            last.view.valueSlots[Int(last.value)] = slot
+        } else if count == 0 {
+            tq.byValue[pk]![vk] = nil
+        }
+    }
+
+    /// Whether dropped views are still being unfiled.
+    var hasRetiringViews: Bool { queries.retiringHead < queries.retiring.count }
 
     /// The current window's values.
     func queryItems(_ view: QueryView) -> [JSON] {
@@ -215,16 +330,17 @@ extension Engine {
                 }
             }
             // Candidates: where it is, where its new value may put it, and the unindexed.
+            // Dropped views are skipped (they are being unfiled).
             var candidates: [QueryView] = []
-            queries.memberOf[id]?.forEach { candidates.append($0) }
+            queries.memberOf[id]?.forEach { if !$0.retired { candidates.append($0) } }
             if let value {
                 for (pk, entry) in tq.paths {
                     guard let x = QueryEval.value(value, entry.path), let vk = QueryEval.indexKey(x),
-                          let views = tq.byValue[pk]?[vk] else { continue }
-                    candidates.append(contentsOf: views)
+                          let filed = tq.byValue[pk]?[vk] else { continue }
+                    for f in filed where !f.view.retired { candidates.append(f.view) }
                 }
             }
-            candidates.append(contentsOf: tq.unindexed)
+            for view in tq.unindexed where !view.retired { candidates.append(view) }
             if candidates.isEmpty { continue }
             // Every view it was in is a candidate: its memberOf is rebuilt from the results.
             var members: [QueryView] = []
@@ -245,17 +361,55 @@ extension Engine {
                 queries.memberOf[id] = nil
             } else {
                 var list = ViewList(members[0])
-                for v in members.dropFirst() { list.append(v) }
+                members[0].members[id]?.slot = 0
+                for v in members.dropFirst() { v.members[id]?.slot = list.append(v) }
                 queries.memberOf[id] = list
             }
         }
         touched.sort { $0.key < $1.key }
         var out: [(QueryView, [CollectionStep])] = []
         for view in touched {
-            queries.heldMembers += view.count - view.countBefore
+            queries.heldMembers += (view.count - view.countBefore) * view.weight
             if let changes = view.takeChanges(current: current) { out.append((view, changes)) }
         }
         return out
+    }
+
+    /// After a mutation grew the views past `--max-query-entities`: the
+    /// mutation stands (a writer is never refused because of someone else's
+    /// query), and the views holding the most end, largest first, until the
+    /// rest fit. Each of their subscriptions gets a view-ending `delete`
+    /// event with an `error` (`limit_exceeded`), as `clear` ends views.
+    func enforceQueryCap(seq: Int) {
+        guard queries.heldMembers > configuration.maxQueryEntities else { return }
+        var views = Array(queries.views.values)
+        views.sort { $0.held != $1.held ? $0.held > $1.held : $0.key < $1.key }
+        for view in views {
+            guard queries.heldMembers > configuration.maxQueryEntities else { break }
+            let message = "this live query grew to \(view.count) entities (× \(view.weight) sort keys) and the live queries together passed --max-query-entities (\(configuration.maxQueryEntities)); it ended: narrow it with a condition"
+            var subs: [SubscriptionRecord] = []
+            view.forEach { subs.append($0) }
+            for s in Self.ordered(subs) {
+                s.client.output.append(limitEndEventBytes(s, seq: seq, message: message))
+                markDirty(s.client)
+                s.client.subs[s.name] = nil
+                s.slot = -1
+                subscriptionCount -= 1
+                subscriptionsByKind[s.kind.metricIndex] -= 1
+            }
+            view.removeAll()
+            dropQueryView(view)
+        }
+    }
+
+    /// `{"event":"delete","sub":S,"seq":n,"error":{"code":"limit_exceeded","message":…}}`
+    func limitEndEventBytes(_ s: SubscriptionRecord, seq: Int, message: String) -> [UInt8] {
+        var w = JSONWriter(capacity: 256)
+        eventHeader(&w, "delete", s, seq)
+        w.raw(",\"error\":{\"code\":\"limit_exceeded\",\"message\":")
+        w.string(message)
+        w.raw("}}\n")
+        return w.bytes
     }
 
     /// Queues one mutation's query events (serial part of rendering).
@@ -296,5 +450,7 @@ extension Engine {
         queries.types = [:]
         queries.memberOf = [:]
         queries.heldMembers = 0
+        queries.retiring = []
+        queries.retiringHead = 0
     }
 }

@@ -9,6 +9,9 @@ extension Engine {
         if c.subs.count >= configuration.maxSubscriptionsPerConnection {
             throw ProtocolError(.limitExceeded, "this connection already has \(configuration.maxSubscriptionsPerConnection) subscriptions (the limit)")
         }
+        if subscriptionCount >= configuration.maxSubscriptions {
+            throw ProtocolError(.limitExceeded, "the server already holds \(configuration.maxSubscriptions) subscriptions on all connections (--max-subscriptions)")
+        }
         switch target {
         case .model(let model, let refresh):
             var value = model

@@ -15,6 +15,11 @@ public struct EngineConfiguration: Sendable {
     public var maxLineBytes = 16 << 20
     /// Live subscriptions per connection. Default 65536.
     public var maxSubscriptionsPerConnection = 65536
+    /// Live subscriptions on all connections together (`--max-subscriptions`);
+    /// one more gets `limit_exceeded`. Bounds their memory whatever the number
+    /// of connections: ~160–250 bytes each plus what their views hold.
+    /// Default 2,000,000.
+    public var maxSubscriptions = 2_000_000
     /// Live query views (distinct definitions) in all; a subscription or `get`
     /// that would build one more gets `limit_exceeded`. Default 100,000.
     public var maxQueryViews = 100_000
@@ -163,6 +168,21 @@ public final class Engine {
         for s in c.subs.values { unregister(s) }
         c.subs.removeAll()
         checkInvariantsIfEnabled()
+    }
+
+    /// Work the engine put off so that no turn holds it: unfiling dropped
+    /// query views from the indexes. The driver calls
+    /// ``doDeferredWork(units:)`` between turns while this is true; nothing
+    /// a client sees depends on it (dropped views are already invisible).
+    public var hasDeferredWork: Bool { hasRetiringViews }
+
+    /// Does at most `units` steps of deferred work (a step: one membership
+    /// or one index entry, well under a microsecond). Returns whether some remains.
+    @discardableResult
+    public func doDeferredWork(units: Int = 4096) -> Bool {
+        _ = unfileRetiredViews(units: max(1, units))
+        checkInvariantsIfEnabled()
+        return hasDeferredWork
     }
 
     public var connectionCount: Int { clients.count }

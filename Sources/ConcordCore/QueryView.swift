@@ -15,18 +15,37 @@ final class QueryView: SharedView {
     let key: String
     let spec: QuerySpec
     var tree: OrderTree
-    /// Each member's identity → its node in the tree (which holds its sort values).
-    var members: [String: Int32] = [:]
+    /// The condition, prepared (hash sets for `in` lists).
+    let condition: CompiledCondition?
+    /// A member: its node in the tree (which holds its sort values) and its
+    /// place in the engine's `memberOf` list of the entity (so leaving it is O(1)).
+    struct Member {
+        var node: Int32
+        var slot: Int32
+    }
+    /// Each member's identity → its node and slot.
+    var members: [String: Member] = [:]
     /// Window changes of the mutation being rendered, and the count before it.
     var pending: [CollectionStep] = []
     var countBefore = 0
     var touched = false
     /// How this view is found by an update (Engine+Queries: the equality index).
     var index: QueryIndexKey?
+    /// With `index`: this view's place in the index list of each of its values.
+    var valueSlots: [Int32] = []
+    /// Without `index`: its place in its type's `unindexed` list.
+    var unindexedSlot: Int32 = -1
+    /// Dropped: no longer found by definition, skipped by updates, and being
+    /// unfiled from the indexes in slices (Engine+Queries, deferred work).
+    var retired = false
+    /// Retired views: the members still to unfile, and how far the value index is.
+    var unfiling: Dictionary<String, Member>.Iterator?
+    var unfiledValues = 0
 
     init(key: String, spec: QuerySpec) {
         self.key = key
         self.spec = spec
+        condition = spec.condition.map(CompiledCondition.init)
         let order = spec.order
         tree = OrderTree { a, b in
             for i in order.indices {
@@ -39,6 +58,13 @@ final class QueryView: SharedView {
     }
 
     var count: Int { tree.count }
+
+    /// What one member costs against `--max-query-entities`: a member keeps
+    /// one sort value per order key, so it counts once per key (at least once).
+    var weight: Int { max(1, spec.order.count) }
+
+    /// This view's share of `--max-query-entities`.
+    var held: Int { tree.count * weight }
 
     /// Window size for a list of `total` matches.
     func windowSize(_ total: Int) -> Int {
@@ -53,8 +79,8 @@ final class QueryView: SharedView {
     }
 
     func matches(_ value: JSON) -> Bool {
-        guard let c = spec.condition else { return true }
-        return QueryEval.matches(value, c)
+        guard let condition else { return true }
+        return condition.matches(value)
     }
 
     func sortValues(_ value: JSON) -> SortKey {
@@ -71,7 +97,7 @@ final class QueryView: SharedView {
     /// Files an entity without producing changes (building the view).
     func add(_ id: String, _ value: JSON) {
         guard matches(value) else { return }
-        members[id] = tree.insertNode(.init(values: sortValues(value), id: id)).node
+        members[id] = Member(node: tree.insertNode(.init(values: sortValues(value), id: id)).node, slot: -1)
     }
 
     /// Removes an entity without producing changes (the view is being dropped).
@@ -91,7 +117,7 @@ final class QueryView: SharedView {
     /// Returns true when the entity is a member afterwards.
     @discardableResult
     func apply(_ id: String, value: JSON?, current: (String) -> JSON?) -> Bool {
-        let old = members[id].map { tree.element($0).values }
+        let old = members[id].map { tree.element($0.node).values }
         let isMember = value.map(matches) ?? false
         guard old != nil || isMember else { return false }
         // Touched only when the entity concerns it (an unindexed view tested
@@ -118,7 +144,7 @@ final class QueryView: SharedView {
             }
             let rOld = tree.remove(.init(values: ov, id: id))
             let (rNew, node) = tree.insertNode(.init(values: nv, id: id))
-            members[id] = node
+            members[id]!.node = node
             let i = rOld - k, j = rNew - k
             let inOld = i >= 0 && i < m, inNew = j >= 0 && j < m
             if rOld == rNew {
@@ -149,7 +175,7 @@ final class QueryView: SharedView {
             let v = value!
             let nv = sortValues(v)
             let (rNew, node) = tree.insertNode(.init(values: nv, id: id))
-            members[id] = node
+            members[id] = Member(node: node, slot: -1)
             let before = windowSize(n), after = windowSize(n + 1)
             let full = spec.limit.map { before == $0 } ?? false
             let j = rNew - k
@@ -200,20 +226,17 @@ struct QueryIndexKey {
     var path: QueryPath
     var values: [String]
 
-    /// The first indexable condition: `eq` or `in` on scalars, at the top or
-    /// directly under `all`.
-    static func of(_ c: QueryCondition?) -> QueryIndexKey? {
+    /// The first indexable condition: `eq` on a scalar, or a set of scalars
+    /// (`in`, or `any` of `eq`/`in` on one path), at the top or directly
+    /// under `all`.
+    static func of(_ c: CompiledCondition?) -> QueryIndexKey? {
         guard let c else { return nil }
         switch c {
         case .compare(let p, .eq, let v):
             return QueryEval.indexKey(v).map { QueryIndexKey(path: p, values: [$0]) }
-        case .oneOf(let p, let list):
-            var keys: [String] = []
-            for v in list {
-                guard let k = QueryEval.indexKey(v) else { return nil }
-                if !keys.contains(k) { keys.append(k) }
-            }
-            return keys.isEmpty ? nil : QueryIndexKey(path: p, values: keys)
+        case .oneOf(let p, let keys, let others):
+            // Sorted: the same definition files the same way on every run.
+            return others.isEmpty && !keys.isEmpty ? QueryIndexKey(path: p, values: keys.sorted()) : nil
         case .all(let list):
             for sub in list { if let k = of(sub) { return k } }
             return nil

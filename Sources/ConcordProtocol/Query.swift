@@ -128,6 +128,15 @@ extension JSON {
 extension QuerySpec {
     static let operators = ["eq", "ne", "lt", "lte", "gt", "gte", "in", "exists", "contains", "prefix"]
 
+    /// The most sort keys a query may have (`bad_request` past it). Every
+    /// matching entity keeps one sort value per key, so keys multiply a
+    /// view's memory; like a database's practical sort, a handful suffice.
+    public static let maxOrderKeys = 8
+    /// The most terms a query's condition may have (`bad_request` past it):
+    /// each condition object counts one, each value of an `in` list one.
+    /// Bounds the work of building and testing a view by the request's size.
+    public static let maxTerms = 100_000
+
     /// Decodes the `query` member of `subscribe` or `get`. Errors are
     /// `bad_request` with a message naming the place (`query.where.all[1]: …`).
     public static func decode(_ value: JSON, at place: String = "query") throws(ProtocolError) -> QuerySpec {
@@ -137,9 +146,13 @@ extension QuerySpec {
             throw ProtocolError(.badRequest, "\(place).type must be a non-empty string")
         }
         var spec = QuerySpec(type: type)
-        if let w = o["where"], !w.isNull { spec.condition = try decodeCondition(w, at: "\(place).where") }
+        var terms = 0
+        if let w = o["where"], !w.isNull { spec.condition = try decodeCondition(w, at: "\(place).where", terms: &terms) }
         if let ord = o["order"], !ord.isNull {
             guard case .array(let list) = ord else { throw ProtocolError(.badRequest, "\(place).order must be an array of {\"path\":…,\"desc\":…}") }
+            guard list.count <= maxOrderKeys else {
+                throw ProtocolError(.badRequest, "\(place).order has \(list.count) keys; a query may sort by at most \(maxOrderKeys)")
+            }
             for (i, k) in list.enumerated() {
                 let at = "\(place).order[\(i)]"
                 guard case .object(let ko) = k else { throw ProtocolError(.badRequest, "\(at) must be an object {\"path\":…,\"desc\":…}") }
@@ -193,8 +206,17 @@ extension QuerySpec {
         }
     }
 
-    static func decodeCondition(_ v: JSON, at place: String) throws(ProtocolError) -> QueryCondition {
+    /// Counts `n` more terms; past ``maxTerms`` the query is refused.
+    static func count(_ n: Int, _ terms: inout Int, at place: String) throws(ProtocolError) {
+        terms += n
+        guard terms <= maxTerms else {
+            throw ProtocolError(.badRequest, "\(place): the condition has more than \(maxTerms) terms (conditions and 'in' values); a query may have at most \(maxTerms)")
+        }
+    }
+
+    static func decodeCondition(_ v: JSON, at place: String, terms: inout Int) throws(ProtocolError) -> QueryCondition {
         guard case .object(let o) = v else { throw ProtocolError(.badRequest, "\(place) must be a condition object") }
+        try count(1, &terms, at: place)
         for combinator in ["all", "any"] {
             guard let c = o[combinator] else { continue }
             guard o.count == 1 else {
@@ -202,12 +224,13 @@ extension QuerySpec {
             }
             guard case .array(let list) = c else { throw ProtocolError(.badRequest, "\(place).\(combinator) must be an array of conditions") }
             var out: [QueryCondition] = []
-            for (i, e) in list.enumerated() { out.append(try decodeCondition(e, at: "\(place).\(combinator)[\(i)]")) }
+            out.reserveCapacity(min(list.count, maxTerms))
+            for (i, e) in list.enumerated() { out.append(try decodeCondition(e, at: "\(place).\(combinator)[\(i)]", terms: &terms)) }
             return combinator == "all" ? .all(out) : .any(out)
         }
         if let c = o["not"] {
             guard o.count == 1 else { throw ProtocolError(.badRequest, "\(place): 'not' takes no other members") }
-            return .not(try decodeCondition(c, at: "\(place).not"))
+            return .not(try decodeCondition(c, at: "\(place).not", terms: &terms))
         }
         var op: String?
         for m in o.members where m.key != "path" {
@@ -227,6 +250,7 @@ extension QuerySpec {
         switch op {
         case "in":
             guard case .array(let list) = arg else { throw ProtocolError(.badRequest, "\(place).in must be an array of values") }
+            try count(list.count, &terms, at: "\(place).in")
             return .oneOf(path, list)
         case "exists":
             guard case .bool(let b) = arg else { throw ProtocolError(.badRequest, "\(place).exists must be true or false") }

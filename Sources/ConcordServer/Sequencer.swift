@@ -173,7 +173,7 @@ final class Sequencer: @unchecked Sendable {
         var batch: [Input] = []
         while true {
             condition.lock()
-            while inbox.isEmpty && !hasRunnableLane {
+            while inbox.isEmpty && !hasRunnableLane && !engine.hasDeferredWork {
                 if (shutdownDeadline != nil && !drainedSent) || (failingSince != nil && (engine.hasWaitingClients || !held.isEmpty)) {
                     condition.wait(seconds: 0.05)
                     break
@@ -189,7 +189,7 @@ final class Sequencer: @unchecked Sendable {
             // budget keeps a small request's wait short under a flood.
             var taken = false
             let started = monotonicSeconds()
-            while turn() {
+            while turn(until: started + turnBudget) {
                 taken = true
                 if monotonicSeconds() - started >= turnBudget { break }
                 condition.lock()
@@ -197,6 +197,12 @@ final class Sequencer: @unchecked Sendable {
                 condition.unlock()
                 for input in batch { accept(input) }
                 batch.removeAll(keepingCapacity: true)
+            }
+            // Deferred work (unfiling dropped query views) in slices: at least
+            // one, more while this turn's budget lasts.
+            if engine.hasDeferredWork {
+                let until = max(started + turnBudget, monotonicSeconds() + turnBudget / 4)
+                while engine.doDeferredWork(units: 2048) && monotonicSeconds() < until {}
             }
             checkSyncTimeout()
             let drained = checkShutdown()
@@ -300,7 +306,7 @@ final class Sequencer: @unchecked Sendable {
     /// One round: takes a fair share of every runnable lane, parses it (in
     /// parallel when there are many lines) and answers it in order. Returns
     /// true when lines were taken.
-    private func turn() -> Bool {
+    private func turn(until deadline: Double = .infinity) -> Bool {
         guard !ready.isEmpty else { return false }
         var picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []
         var lines: [[UInt8]] = []
@@ -333,8 +339,19 @@ final class Sequencer: @unchecked Sendable {
             for i in lines.indices { parsed[i] = Engine.parse(lines[i], parser: engine.lineParser) }
         }
         var next = 0
-        for (lane, slice) in picked {
+        var handled = 0
+        var stopped: (lane: Int, frame: Int)?
+        // The turn ends when its time is spent, not only after its lines: one
+        // request that costs much (a big view, a mutation many live queries
+        // see) cannot make the rest of the round wait behind it. At least one
+        // line is handled per turn.
+        outer: for (li, (lane, slice)) in picked.enumerated() {
             for i in slice.indices {
+                if handled > 0 && monotonicSeconds() >= deadline {
+                    stopped = (li, i)
+                    break outer
+                }
+                handled += 1
                 switch slice[i] {
                 case .line:
                     let before = engine.seq
@@ -348,6 +365,7 @@ final class Sequencer: @unchecked Sendable {
                 }
             }
         }
+        if let stopped { giveBack(picked, from: stopped) }
         // Compact the lanes; a lane that emptied leaves the round-robin list
         // (and the connection, if it closed meanwhile).
         var stillReady: [Lane] = []
@@ -371,7 +389,28 @@ final class Sequencer: @unchecked Sendable {
             }
         }
         ready = stillReady
+        // Fairness across turns: the next one starts with the lane this one stopped in.
+        if let stopped, let at = ready.firstIndex(where: { $0 === picked[stopped.lane].lane }), at > 0 {
+            ready = Array(ready[at...] + ready[..<at])
+        }
         return true
+    }
+
+    /// Lines a turn took but did not handle (its time ran out) go back to
+    /// their lanes, and their bytes back to the counters; they are parsed
+    /// again next turn.
+    private func giveBack(_ picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)], from stop: (lane: Int, frame: Int)) {
+        var back = 0
+        for li in stop.lane..<picked.count {
+            let (lane, slice) = picked[li]
+            let from = li == stop.lane ? stop.frame : slice.startIndex
+            var bytes = 0
+            for f in slice[from...] { bytes += Self.frameBytes(f) }
+            lane.head = from
+            lane.flow.unprocessed.add(bytes, ordering: .relaxed)
+            back += bytes
+        }
+        inboxBytes.add(back, ordering: .relaxed)
     }
 
     /// True once, when everything read before the shutdown signal was answered

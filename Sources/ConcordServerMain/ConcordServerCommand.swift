@@ -43,6 +43,9 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(help: "Live subscriptions allowed per connection; more get limit_exceeded.")
     var maxSubscriptionsPerConnection: Int = Self.defaults.engine.maxSubscriptionsPerConnection
 
+    @Option(help: "Live subscriptions allowed on all connections together; more get limit_exceeded.")
+    var maxSubscriptions: Int = Self.defaults.engine.maxSubscriptions
+
     @Option(help: "Hard limit: unsent output per connection (bytes) beyond which it is disconnected. Only what cannot be coalesced (responses, view-ending events) can reach it.")
     var maxOutputBytes: Int = Self.defaults.maxOutputBytes
 
@@ -121,6 +124,7 @@ struct ConcordServerCommand: ParsableCommand {
         if maxLineBytes < 64 { throw ValidationError("--max-line-bytes must be at least 64") }
         if maxDepth < 2 || maxDepth > 10_000 { throw ValidationError("--max-depth must be between 2 and 10000") }
         if maxSubscriptionsPerConnection < 1 { throw ValidationError("--max-subscriptions-per-connection must be at least 1") }
+        if maxSubscriptions < 1 { throw ValidationError("--max-subscriptions must be at least 1") }
         if maxOutputBytes < 4096 { throw ValidationError("--max-output-bytes must be at least 4096") }
         if outputSoftBytes < 1024 { throw ValidationError("--output-soft-bytes must be at least 1024") }
         if maxInputBytes < 1024 { throw ValidationError("--max-input-bytes must be at least 1024") }
@@ -201,6 +205,7 @@ struct ConcordServerCommand: ParsableCommand {
         config.engine.maxLineBytes = maxLineBytes
         config.engine.maxDepth = maxDepth
         config.engine.maxSubscriptionsPerConnection = maxSubscriptionsPerConnection
+        config.engine.maxSubscriptions = maxSubscriptions
         config.engine.maxQueryViews = maxQueryViews
         config.engine.maxQueryEntities = maxQueryEntities
 

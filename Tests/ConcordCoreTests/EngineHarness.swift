@@ -30,7 +30,13 @@ final class EngineHarness {
 
     func pumpPublic() { pump() }
 
+    /// Like the sequencer between turns: a small slice of deferred work
+    /// (unfiling dropped query views) after every request, so the tests run
+    /// with views half unfiled while updates go on.
+    var deferredUnitsPerRequest = 3
+
     fileprivate func pump() {
+        if engine.hasDeferredWork { engine.doDeferredWork(units: deferredUnitsPerRequest) }
         for (id, segments) in engine.takeOutput() {
             guard let c = conns[id] else { continue }
             for s in segments { c.unread.append(contentsOf: UnsafeRawBufferPointer(start: s.base, count: s.count)) }

@@ -154,6 +154,9 @@ import Testing
         #expect(h.engine.queries.views.count == 1)
         b.close()
         #expect(h.engine.queries.views.isEmpty)
+        // The dropped view is unfiled from the indexes as deferred work, between turns.
+        #expect(h.engine.hasDeferredWork)
+        while h.engine.doDeferredWork(units: 1) {}
         #expect(h.engine.queries.types.isEmpty)
         #expect(h.engine.queries.memberOf.isEmpty)
     }
@@ -317,6 +320,14 @@ import Testing
             // Subscribe each query at a different moment (also to an existing state).
             if step % 40 == 0, step / 40 < defs.count {
                 let q = defs[step / 40]
+                let r = c.ok(#"{"op":"subscribe","sub":"\#(q.name)","query":\#(q.text)}"#)
+                windows[q.name] = r["items"]?.arrayValue ?? []
+                counts[q.name] = r["count"]?.numberValue?.intValue ?? -1
+            }
+            // Now and then a view is dropped and built again at once: the new
+            // view is filed while the old one is still being unfiled.
+            if step % 17 == 5, let q = defs.filter({ windows[$0.name] != nil }).randomElement(using: &rng) {
+                c.ok(#"{"op":"unsubscribe","sub":"\#(q.name)"}"#)
                 let r = c.ok(#"{"op":"subscribe","sub":"\#(q.name)","query":\#(q.text)}"#)
                 windows[q.name] = r["items"]?.arrayValue ?? []
                 counts[q.name] = r["count"]?.numberValue?.intValue ?? -1

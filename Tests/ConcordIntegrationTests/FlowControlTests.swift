@@ -128,6 +128,15 @@ struct FlowControlTests {
         let bytes = Array(text.utf8)
         let w = Thread { try? writer.write(bytes) }
         w.start()
+        // The writer reads its responses as they come: a writer that does not
+        // is itself flow-controlled once its unread responses fill its socket
+        // (how soon depends on how many responses each write carries).
+        let responses = Flag()
+        let r = Thread {
+            for _ in 0..<total { guard (try? writer.response()) != nil else { return } }
+            responses.set()
+        }
+        r.start()
         var lastK = -1
         var coalesced = 0
         var eof = false
@@ -142,7 +151,7 @@ struct FlowControlTests {
         }
         #expect(!eof, "a reading subscriber was dropped")
         #expect(lastK == total - 1)
-        for _ in 0..<total { _ = try writer.response() }
+        try waitUntil("the writer to read its \(total) responses") { responses.isSet }
         #expect(try sub.request(#"{"op":"get","key":"k"}"#)["model"]?["v"] == .int(total - 1))
         #expect(!server.stderr.contains("stopped reading"))
         // Whether this run coalesced depends on the reader's speed; say what happened.
@@ -184,4 +193,13 @@ struct FlowControlTests {
         #expect(!server.stderr.contains("stopped reading"))
         #expect(server.stop() == 0)
     }
+}
+
+/// A one-way flag shared between a test and a thread it started.
+final class Flag: @unchecked Sendable {
+    // Sendable: guarded by `lock`.
+    private let lock = NSLock()
+    private var value = false
+    func set() { lock.withLock { value = true } }
+    var isSet: Bool { lock.withLock { value } }
 }
