@@ -305,6 +305,7 @@ public final class Engine {
                 w.key("limits"); w.raw("{\"max_depth\":"); w.int(configuration.maxDepth)
                 w.raw(",\"max_line_bytes\":"); w.int(configuration.maxLineBytes)
                 w.raw(",\"max_subscriptions\":"); w.int(configuration.maxSubscriptionsPerConnection)
+                w.raw(",\"max_subscriptions_total\":"); w.int(configuration.maxSubscriptions)
                 w.raw("}")
             }
         case .ping:
@@ -427,6 +428,12 @@ public final class Engine {
             w.key("coalescing"); w.int(clients.values.reduce(0) { $0 + ($1.coalescing != 0 ? 1 : 0) })
             w.key("coalescing_episodes"); w.int(coalescingEpisodes)
             w.key("coalesced_events"); w.int(coalescedEvents)
+            // Live queries: distinct views, member slots they hold (what
+            // --max-query-entities bounds), and dropped views still being unfiled.
+            w.key("queries"); w.raw("{\"views\":"); w.int(queries.views.count)
+            w.raw(",\"held\":"); w.int(queries.heldMembers)
+            w.raw(",\"unfiling\":"); w.int(queries.retiring.count - queries.retiringHead)
+            w.raw("}")
             w.key("memory"); w.value(memory)
             w.key("cache"); w.value(cache)
             if listClients { w.raw(list) }

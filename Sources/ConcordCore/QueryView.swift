@@ -226,6 +226,9 @@ struct QueryIndexKey {
     var path: QueryPath
     var values: [String]
 
+    /// The longest `in` set filed in the equality index.
+    static let maxIndexedValues = 1024
+
     /// The first indexable condition: `eq` on a scalar, or a set of scalars
     /// (`in`, or `any` of `eq`/`in` on one path), at the top or directly
     /// under `all`.
@@ -235,8 +238,12 @@ struct QueryIndexKey {
         case .compare(let p, .eq, let v):
             return QueryEval.indexKey(v).map { QueryIndexKey(path: p, values: [$0]) }
         case .oneOf(let p, let keys, let others):
+            // A long list is not filed value by value (that costs as much as
+            // the request is long, at build and at drop): the view is tested
+            // instead, one hash probe per changed entity of its type.
+            guard others.isEmpty, !keys.isEmpty, keys.count <= maxIndexedValues else { return nil }
             // Sorted: the same definition files the same way on every run.
-            return others.isEmpty && !keys.isEmpty ? QueryIndexKey(path: p, values: keys.sorted()) : nil
+            return QueryIndexKey(path: p, values: keys.sorted())
         case .all(let list):
             for sub in list { if let k = of(sub) { return k } }
             return nil

@@ -132,10 +132,13 @@ extension QuerySpec {
     /// matching entity keeps one sort value per key, so keys multiply a
     /// view's memory; like a database's practical sort, a handful suffice.
     public static let maxOrderKeys = 8
-    /// The most terms a query's condition may have (`bad_request` past it):
-    /// each condition object counts one, each value of an `in` list one.
-    /// Bounds the work of building and testing a view by the request's size.
-    public static let maxTerms = 100_000
+    /// The most condition objects a query may have, combinators included
+    /// (`bad_request` past it). Each costs a few microseconds to decode and
+    /// prepare; the bound keeps one request's cost small.
+    public static let maxConditions = 10_000
+    /// The most values all `in` lists of a query may hold together
+    /// (`bad_request` past it). They become one hash set per list.
+    public static let maxInValues = 100_000
 
     /// Decodes the `query` member of `subscribe` or `get`. Errors are
     /// `bad_request` with a message naming the place (`query.where.all[1]: …`).
@@ -146,8 +149,8 @@ extension QuerySpec {
             throw ProtocolError(.badRequest, "\(place).type must be a non-empty string")
         }
         var spec = QuerySpec(type: type)
-        var terms = 0
-        if let w = o["where"], !w.isNull { spec.condition = try decodeCondition(w, at: "\(place).where", terms: &terms) }
+        var terms = Terms()
+        if let w = o["where"], !w.isNull { spec.condition = try decodeCondition(w, at: .member(.root(place), "where"), terms: &terms) }
         if let ord = o["order"], !ord.isNull {
             guard case .array(let list) = ord else { throw ProtocolError(.badRequest, "\(place).order must be an array of {\"path\":…,\"desc\":…}") }
             guard list.count <= maxOrderKeys else {
@@ -160,7 +163,7 @@ extension QuerySpec {
                     throw ProtocolError(.badRequest, "\(at): unknown member '\(clip(m.key))' (an order key has 'path' and 'desc')")
                 }
                 guard let p = ko["path"] else { throw ProtocolError(.badRequest, "\(at).path is missing") }
-                var key = QueryOrderKey(path: try decodePath(p, at: "\(at).path"))
+                var key = QueryOrderKey(path: try decodePath(p, at: .member(.root(at), "path")))
                 if let d = ko["desc"], !d.isNull {
                     guard case .bool(let b) = d else { throw ProtocolError(.badRequest, "\(at).desc must be true or false") }
                     key.descending = b
@@ -183,7 +186,7 @@ extension QuerySpec {
         return spec
     }
 
-    static func decodePath(_ v: JSON, at place: String) throws(ProtocolError) -> QueryPath {
+    static func decodePath(_ v: JSON, at place: QueryPlace) throws(ProtocolError) -> QueryPath {
         switch v {
         case .string(let s):
             let parts = s.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
@@ -206,17 +209,23 @@ extension QuerySpec {
         }
     }
 
-    /// Counts `n` more terms; past ``maxTerms`` the query is refused.
-    static func count(_ n: Int, _ terms: inout Int, at place: String) throws(ProtocolError) {
-        terms += n
-        guard terms <= maxTerms else {
-            throw ProtocolError(.badRequest, "\(place): the condition has more than \(maxTerms) terms (conditions and 'in' values); a query may have at most \(maxTerms)")
+    /// What a condition has used of its bounds so far.
+    struct Terms {
+        var conditions = 0
+        var inValues = 0
+    }
+
+    /// Counts `n` more condition objects; past ``maxConditions`` the query is refused.
+    static func countConditions(_ n: Int, _ terms: inout Terms, at place: QueryPlace) throws(ProtocolError) {
+        terms.conditions += n
+        guard terms.conditions <= maxConditions else {
+            throw ProtocolError(.badRequest, "\(place): the condition has more than \(maxConditions) conditions; a query may have at most \(maxConditions) (use 'in' for a list of values)")
         }
     }
 
-    static func decodeCondition(_ v: JSON, at place: String, terms: inout Int) throws(ProtocolError) -> QueryCondition {
+    static func decodeCondition(_ v: JSON, at place: QueryPlace, terms: inout Terms) throws(ProtocolError) -> QueryCondition {
         guard case .object(let o) = v else { throw ProtocolError(.badRequest, "\(place) must be a condition object") }
-        try count(1, &terms, at: place)
+        try countConditions(1, &terms, at: place)
         for combinator in ["all", "any"] {
             guard let c = o[combinator] else { continue }
             guard o.count == 1 else {
@@ -224,13 +233,18 @@ extension QuerySpec {
             }
             guard case .array(let list) = c else { throw ProtocolError(.badRequest, "\(place).\(combinator) must be an array of conditions") }
             var out: [QueryCondition] = []
-            out.reserveCapacity(min(list.count, maxTerms))
-            for (i, e) in list.enumerated() { out.append(try decodeCondition(e, at: "\(place).\(combinator)[\(i)]", terms: &terms)) }
+            // Refused before any part of it is decoded when the list alone is too long.
+            try countConditions(0, &terms, at: place)
+            guard terms.conditions + list.count <= maxConditions else {
+                throw ProtocolError(.badRequest, "\(place).\(combinator) has \(list.count) conditions; a query may have at most \(maxConditions) (use 'in' for a list of values)")
+            }
+            out.reserveCapacity(list.count)
+            for (i, e) in list.enumerated() { out.append(try decodeCondition(e, at: .index(.member(place, combinator), i), terms: &terms)) }
             return combinator == "all" ? .all(out) : .any(out)
         }
         if let c = o["not"] {
             guard o.count == 1 else { throw ProtocolError(.badRequest, "\(place): 'not' takes no other members") }
-            return .not(try decodeCondition(c, at: "\(place).not", terms: &terms))
+            return .not(try decodeCondition(c, at: .member(place, "not"), terms: &terms))
         }
         var op: String?
         for m in o.members where m.key != "path" {
@@ -245,12 +259,15 @@ extension QuerySpec {
         guard let p = o["path"] else {
             throw ProtocolError(.badRequest, "\(place): a condition needs 'path' and one operator, or one of all, any, not")
         }
-        let path = try decodePath(p, at: "\(place).path")
+        let path = try decodePath(p, at: .member(place, "path"))
         guard let op, let arg = o[op] else { throw ProtocolError(.badRequest, "\(place): no operator (one of \(operators.joined(separator: ", ")))") }
         switch op {
         case "in":
             guard case .array(let list) = arg else { throw ProtocolError(.badRequest, "\(place).in must be an array of values") }
-            try count(list.count, &terms, at: "\(place).in")
+            terms.inValues += list.count
+            guard terms.inValues <= maxInValues else {
+                throw ProtocolError(.badRequest, "\(place).in: the query's 'in' lists hold more than \(maxInValues) values; a query may have at most \(maxInValues)")
+            }
             return .oneOf(path, list)
         case "exists":
             guard case .bool(let b) = arg else { throw ProtocolError(.badRequest, "\(place).exists must be true or false") }
@@ -262,6 +279,23 @@ extension QuerySpec {
             return .prefix(path, s)
         default:
             return .compare(path, QueryCondition.Comparison(rawValue: op)!, arg)
+        }
+    }
+}
+
+/// Where in a query a part is (`query.where.all[1].path`), spelled out only
+/// when an error names it: decoding a condition of 100,000 parts builds no
+/// text for the parts that are fine.
+indirect enum QueryPlace: CustomStringConvertible {
+    case root(String)
+    case member(QueryPlace, String)
+    case index(QueryPlace, Int)
+
+    var description: String {
+        switch self {
+        case .root(let s): s
+        case .member(let p, let name): "\(p).\(name)"
+        case .index(let p, let i): "\(p)[\(i)]"
         }
     }
 }

@@ -31,6 +31,8 @@ final class Sequencer: @unchecked Sendable {
         case metrics(token: Int)
         /// The loop wrote a coalescing connection's output down (§6.6).
         case drained(ConnectionID, episode: Int)
+        /// A long line parsed by the ``BigLineParser`` (the head of the connection's lane).
+        case parsed(ConnectionID, Engine.ParsedLine)
         case storage(StorageThread.Event)
         case shutdown
     }
@@ -64,6 +66,7 @@ final class Sequencer: @unchecked Sendable {
     /// Read times of the mutations applied since the last delivery (sampled).
     private var mutationsReadAt: [Double] = []
     private let linesPerTurn: Int
+    private var bigLines: BigLineParser!
     private let turnBudget: Double
     private let shutdownTimeout: Double
     private var storage: StorageThread?
@@ -78,6 +81,9 @@ final class Sequencer: @unchecked Sendable {
         var head = 0
         /// The connection closed: close it in the engine once its lines are answered.
         var closeAfter = false
+        /// The head line is long and being parsed off the sequencer; then its parse.
+        var parsing = false
+        var preparsed: Engine.ParsedLine?
         var queued: Bool { head < frames.count }
         init(id: ConnectionID, flow: ConnectionFlow) {
             self.id = id
@@ -112,6 +118,7 @@ final class Sequencer: @unchecked Sendable {
         shutdownTimeout = configuration.shutdownTimeout
         self.logger = logger
         self.deliver = deliver
+        bigLines = BigLineParser(parser: engine.lineParser) { [unowned self] id, parsed in self.submit(.parsed(id, parsed)) }
     }
 
     func submit(_ input: Input) {
@@ -165,7 +172,7 @@ final class Sequencer: @unchecked Sendable {
     }
 
     private var hasRunnableLane: Bool {
-        for lane in ready where lane.queued && !engine.isWaiting(lane.id) { return true }
+        for lane in ready where lane.queued && !lane.parsing && !engine.isWaiting(lane.id) { return true }
         return false
     }
 
@@ -282,6 +289,10 @@ final class Sequencer: @unchecked Sendable {
             deliver(Delivery(outputs: [], drained: false, inputTaken: false, metrics: [(token, text)]))
         case .drained(let id, let episode):
             engine.outputDrained(id, episode: episode)
+        case .parsed(let id, let parsed):
+            guard let lane = lanes[id] else { return }
+            lane.parsing = false
+            lane.preparsed = parsed
         case .storage(let event):
             switch event {
             case .committed(let seq, let reserved):
@@ -310,15 +321,42 @@ final class Sequencer: @unchecked Sendable {
         guard !ready.isEmpty else { return false }
         var picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []
         var lines: [[UInt8]] = []
+        var preparsed: [(index: Int, parsed: Engine.ParsedLine)] = []
+        var preparsedLanes: [Int: Engine.ParsedLine] = [:]
         var bytesTaken = 0
-        for lane in ready where lane.queued && !engine.isWaiting(lane.id) {
-            let end = min(lane.frames.count, lane.head + linesPerTurn)
+        for lane in ready where lane.queued && !lane.parsing && !engine.isWaiting(lane.id) {
+            var end = min(lane.frames.count, lane.head + linesPerTurn)
+            let headParsed = lane.preparsed
+            if let p = headParsed {
+                // The long head line, parsed: it alone this round.
+                lane.preparsed = nil
+                preparsed.append((lines.count, p))
+                preparsedLanes[picked.count] = p
+                end = lane.head + 1
+            } else {
+                // A long line is parsed off the sequencer: hand it over at the
+                // head (the lane waits for it), or stop the slice before it.
+                var handedOver = false
+                for j in lane.head..<end {
+                    guard case .line(let l) = lane.frames[j], l.count >= BigLineParser.threshold else { continue }
+                    if j == lane.head {
+                        lane.parsing = true
+                        bigLines.submit(lane.id, l)
+                        handedOver = true
+                    } else {
+                        end = j
+                    }
+                    break
+                }
+                if handedOver { continue }
+            }
             let slice = lane.frames[lane.head..<end]
             lane.head = end
             var bytes = 0
             for f in slice {
                 bytes += Self.frameBytes(f)
-                if case .line(let l) = f { lines.append(l) }
+                // A parsed long line takes a place in `lines` but is not parsed again.
+                if case .line(let l) = f { lines.append(headParsed == nil ? l : []) }
             }
             lane.flow.unprocessed.subtract(bytes, ordering: .relaxed)
             bytesTaken += bytes
@@ -338,6 +376,7 @@ final class Sequencer: @unchecked Sendable {
         } else {
             for i in lines.indices { parsed[i] = Engine.parse(lines[i], parser: engine.lineParser) }
         }
+        for (i, p) in preparsed { parsed[i] = p }
         var next = 0
         var handled = 0
         var stopped: (lane: Int, frame: Int)?
@@ -365,7 +404,16 @@ final class Sequencer: @unchecked Sendable {
                 }
             }
         }
-        if let stopped { giveBack(picked, from: stopped) }
+        if let stopped { giveBack(picked, from: stopped, preparsed: preparsedLanes) }
+        // Long lines' trees are freed on the parser's thread, not in this turn.
+        if !preparsed.isEmpty {
+            for (i, _) in preparsed {
+                if let p = parsed[i] { bigLines.discard(p) }
+                parsed[i] = nil
+            }
+            preparsed = []
+            preparsedLanes = [:]
+        }
         // Compact the lanes; a lane that emptied leaves the round-robin list
         // (and the connection, if it closed meanwhile).
         var stillReady: [Lane] = []
@@ -389,9 +437,14 @@ final class Sequencer: @unchecked Sendable {
             }
         }
         ready = stillReady
-        // Fairness across turns: the next one starts with the lane this one stopped in.
-        if let stopped, let at = ready.firstIndex(where: { $0 === picked[stopped.lane].lane }), at > 0 {
-            ready = Array(ready[at...] + ready[..<at])
+        // Fairness across turns: the next one starts with the lane this one
+        // stopped in when that lane got nothing, else with the one after it —
+        // so a lane whose every line outlasts the budget gets one line per
+        // turn and the others get theirs in between.
+        if let stopped, let at = ready.firstIndex(where: { $0 === picked[stopped.lane].lane }) {
+            let gotSome = stopped.frame > picked[stopped.lane].frames.startIndex
+            let first = gotSome ? (at + 1) % ready.count : at
+            if first > 0 { ready = Array(ready[first...] + ready[..<first]) }
         }
         return true
     }
@@ -399,7 +452,8 @@ final class Sequencer: @unchecked Sendable {
     /// Lines a turn took but did not handle (its time ran out) go back to
     /// their lanes, and their bytes back to the counters; they are parsed
     /// again next turn.
-    private func giveBack(_ picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)], from stop: (lane: Int, frame: Int)) {
+    private func giveBack(_ picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)], from stop: (lane: Int, frame: Int),
+                          preparsed: [Int: Engine.ParsedLine]) {
         var back = 0
         for li in stop.lane..<picked.count {
             let (lane, slice) = picked[li]
@@ -407,6 +461,8 @@ final class Sequencer: @unchecked Sendable {
             var bytes = 0
             for f in slice[from...] { bytes += Self.frameBytes(f) }
             lane.head = from
+            // A long line parsed off the sequencer keeps its parse.
+            if from == slice.startIndex, let p = preparsed[li] { lane.preparsed = p }
             lane.flow.unprocessed.add(bytes, ordering: .relaxed)
             back += bytes
         }
