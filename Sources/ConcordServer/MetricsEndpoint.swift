@@ -8,15 +8,19 @@ import Glibc
 /// `--metrics HOST:PORT`: a minimal HTTP/1.1 endpoint on the loop that
 /// answers `GET /metrics` with Prometheus's text format and closes.
 ///
-/// Bounded like everything else: at most ``maxExchanges`` scrapes at once
-/// (more are accepted and closed), a request head of at most 8 KiB, and 10 s
-/// to send it. The text is made on the sequencer (``Sequencer/Input/metrics``)
+/// Bounded like everything else: at most ``maxExchanges`` connections at
+/// once, a request head of at most 8 KiB sent within ``headTimeoutMs``, and
+/// ``timeoutMs`` in all. Idle connections cannot take the slots away from
+/// real scrapes: when every slot is taken, the oldest connection that has
+/// not sent its request head yet is closed to make room (only when every
+/// slot waits for the core's text does a new one get 503). The text is made on the sequencer (``Sequencer/Input/metrics``)
 /// so the core's figures are read on their own thread; the loop only moves
 /// bytes. Meant for loopback: the figures carry no model data, but anyone
 /// who can reach the port can read them.
 final class MetricsEndpoint {
-    static let maxExchanges = 8
+    static let maxExchanges = 32
     static let maxHeadBytes = 8192
+    static let headTimeoutMs: UInt64 = 2_000
     static let timeoutMs: UInt64 = 10_000
 
     let loop: UnsafeMutablePointer<uv_loop_t>
@@ -25,6 +29,8 @@ final class MetricsEndpoint {
     private var listener: UnsafeMutablePointer<uv_tcp_t>?
     private var exchanges: [Int: Exchange] = [:]
     private var nextToken = 1
+    /// Silent connections closed to make room for a scrape.
+    private(set) var idleEvictions = 0
     private(set) var address = ""
 
     /// One scrape: its socket, the request head read so far, a timeout.
@@ -38,6 +44,8 @@ final class MetricsEndpoint {
         var response: UnsafeMutableRawBufferPointer?
         var closing = false
         var headOnly = false
+        /// The request head arrived (the exchange waits for the core, or writes).
+        var headDone = false
 
         init(token: Int, endpoint: MetricsEndpoint) {
             self.token = token
@@ -129,15 +137,19 @@ final class MetricsEndpoint {
         let opaque = Unmanaged.passRetained(e).toOpaque()
         uv_handle_set_data(asHandle(e.tcp), opaque)
         uv_handle_set_data(asHandle(e.timer), opaque)
+        if exchanges.count >= Self.maxExchanges {
+            // Room for a scrape: close the oldest connection still silent.
+            if let idle = exchanges.values.filter({ !$0.headDone && !$0.closing }).min(by: { $0.token < $1.token }) {
+                finish(idle)
+                idleEvictions += 1
+            }
+        }
         exchanges[e.token] = e
         if exchanges.count > Self.maxExchanges {
             reply(e, status: "503 Service Unavailable", body: Array("too many scrapes at once\n".utf8))
             return
         }
-        uvMust("uv_timer_start", uv_timer_start(e.timer, { h in
-            let e = Unmanaged<Exchange>.fromOpaque(uv_handle_get_data(asHandle(h!))!).takeUnretainedValue()
-            e.endpoint.finish(e)
-        }, Self.timeoutMs, 0))
+        startTimer(e, Self.headTimeoutMs)
         do {
             try uvCall("uv_read_start", uv_read_start(asStream(e.tcp), { _, suggested, buf in
                 let size = min(suggested, 4096)
@@ -164,6 +176,8 @@ final class MetricsEndpoint {
             return
         }
         uvMust("uv_read_stop", uv_read_stop(asStream(e.tcp)))
+        e.headDone = true
+        startTimer(e, Self.timeoutMs)
         let line = e.head[..<end].split(separator: 0x0D, maxSplits: 1).first.map { String(decoding: $0, as: UTF8.self) } ?? ""
         let parts = line.split(separator: " ")
         guard parts.count == 3, parts[2].hasPrefix("HTTP/1.") else {
@@ -178,6 +192,14 @@ final class MetricsEndpoint {
         }
         e.headOnly = parts[0] == "HEAD"
         requestText(e.token)
+    }
+
+    /// (Re)starts the exchange's one timer: when it fires, the exchange closes.
+    private func startTimer(_ e: Exchange, _ ms: UInt64) {
+        uvMust("uv_timer_start", uv_timer_start(e.timer, { h in
+            let e = Unmanaged<Exchange>.fromOpaque(uv_handle_get_data(asHandle(h!))!).takeUnretainedValue()
+            e.endpoint.finish(e)
+        }, ms, 0))
     }
 
     /// Where the request head ends (after its blank line), if it has.

@@ -4,6 +4,7 @@ import ConcordCore
 import ConcordJSON
 import CoreMetrics
 import Logging
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -64,11 +65,9 @@ extension Server {
     /// whole), then close. Nothing reaches the core.
     func refuse(_ conn: Connection, peer: PeerCredentials?) {
         metrics.connectionsRefused.increment()
+        metrics.forbidden.add(1, ordering: .relaxed)
         let who = peer.map { "uid \($0.uid) gid \($0.gid) (pid \($0.pid))" } ?? "a peer with unknown credentials"
-        logger.warning("connection refused: peer not allowed", metadata: [
-            "concord.peer.uid": "\(peer.map { String($0.uid) } ?? "?")", "concord.peer.gid": "\(peer.map { String($0.gid) } ?? "?")",
-            "concord.peer.pid": "\(peer.map { String($0.pid) } ?? "?")",
-        ])
+        noteRefusal(peer)
         let line = #"{"ok":false,"error":{"code":"forbidden","message":"#
         var w = JSONWriter(capacity: 160)
         w.string("\(who) may not use this server: it allows only the uids and gids given with --allow-uid/--allow-gid")
@@ -84,6 +83,33 @@ extension Server {
             let conn = Unmanaged<Connection>.fromOpaque(uv_handle_get_data(h!)!).takeRetainedValue()
             conn.pipe.deallocate()
         }
+    }
+
+    /// One log line per refused peer (by uid) per episode of 10 s, then one
+    /// line with the count of the refusals it did not log: a peer that
+    /// reconnects in a loop cannot flood the log.
+    func noteRefusal(_ peer: PeerCredentials?) {
+        let uid = peer?.uid ?? UInt32.max
+        let now = monotonicSeconds()
+        if var episode = refusals[uid] {
+            episode.count += 1
+            if now - episode.since < 10 {
+                refusals[uid] = episode
+                return
+            }
+            logger.warning("connections refused: peer not allowed (repeated)", metadata: [
+                "concord.peer.uid": "\(peer.map { String($0.uid) } ?? "?")",
+                "concord.refused": "\(episode.count)", "concord.seconds": "\(Int(now - episode.since))",
+            ])
+            refusals[uid] = (0, now)
+            return
+        }
+        if refusals.count >= 1024 { refusals.removeAll() }  // bounded, whoever knocks
+        refusals[uid] = (0, now)
+        logger.warning("connection refused: peer not allowed", metadata: [
+            "concord.peer.uid": "\(peer.map { String($0.uid) } ?? "?")", "concord.peer.gid": "\(peer.map { String($0.gid) } ?? "?")",
+            "concord.peer.pid": "\(peer.map { String($0.pid) } ?? "?")",
+        ])
     }
 
     /// After a close: the end of a descriptor-limit episode.

@@ -60,6 +60,9 @@ extension Server {
         if dir == DefaultSocket.privateDirectory && ds.st_uid != getuid() {
             throw StartupError(description: "the private socket directory \(dir) belongs to uid \(ds.st_uid), not to this user (\(getuid())); refusing it")
         }
+        if ds.st_uid != getuid() && ds.st_uid != 0 {
+            throw StartupError(description: "the socket's directory \(dir) belongs to uid \(ds.st_uid), not to this user (\(getuid())) or root: its owner could replace the socket and receive every client's traffic; use a directory of your own (the default is \(DefaultSocket.privateDirectory))")
+        }
         if ds.st_mode & 0o022 != 0 {
             let mode = String(ds.st_mode & 0o7777, radix: 8)
             throw StartupError(description: "the socket's directory \(dir) is writable by other users (mode \(mode)): one of them could bind the socket first and receive every client's traffic; use a directory only you can write (the default is \(DefaultSocket.privateDirectory))")

@@ -39,6 +39,8 @@ public final class Server {
     var fdBaseline = 0
     var fdLimit = Int.max
     var atDescriptorLimit = false
+    /// Refused peers by uid: refusals not logged since the episode began (``noteRefusal(_:)``).
+    var refusals: [UInt32: (count: Int, since: Double)] = [:]
     let bridge: Bridge
     var sequencer: Sequencer!
     var metricsEndpoint: MetricsEndpoint?

@@ -51,6 +51,10 @@ final class ServerMetrics: Sendable {
         var cache: [String: CoreMetrics.Gauge] = [:]
     }
     private let state = Mutex(Dynamic())
+    /// Peers refused by `--allow-uid`/`--allow-gid` (loop thread writes, the
+    /// sequencer reads): counted under `concord_errors_total{code="forbidden"}`,
+    /// the one error the core never sees.
+    let forbidden = Atomic<Int>(0)
 
     /// Latency observations a turn contributes at most (the oldest lines of the turn first).
     static let latencySamplesPerTurn = 64
@@ -100,7 +104,9 @@ final class ServerMetrics: Sendable {
     /// instruments and returns the whole registry in Prometheus's text format
     /// (version 0.0.4).
     func exposition(_ figures: EngineFigures, cache: JSON) -> [UInt8] {
-        let totals = figures.requests.map(\.count) + figures.errors.map(\.count)
+        let refused = forbidden.load(ordering: .relaxed)
+        let errorTotals = figures.errors.map { $0.code == ErrorCode.forbidden.rawValue ? $0.count + refused : $0.count }
+        let totals = figures.requests.map(\.count) + errorTotals
             + [figures.responses, figures.events, figures.coalescedEvents, figures.coalescingEpisodes]
         let counters = requests + errors + [responses, events, coalescedEvents, coalescingEpisodes]
         state.withLock { s in

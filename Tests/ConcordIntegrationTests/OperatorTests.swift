@@ -112,6 +112,43 @@ struct OperatorTests {
         #expect(server.stop() == 0)
     }
 
+    @Test func idleConnectionsCannotKeepAScrapeOut() throws {
+        let server = try ServerProcess(arguments: ["--metrics", "127.0.0.1:0"])
+        let (host, port) = try Self.metricsAddress(server)
+        // More silent connections than the endpoint has slots, kept open.
+        var idle: [Int32] = []
+        defer { for fd in idle { close(fd) } }
+        for _ in 0..<40 {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var addr = sockaddr_in()
+            addr.sin_family = sa_family_t(AF_INET)
+            addr.sin_port = port.bigEndian
+            inet_pton(AF_INET, host, &addr.sin_addr)
+            let rc = withUnsafePointer(to: &addr) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            #expect(rc == 0)
+            idle.append(fd)
+        }
+        // A scrape still gets its answer: the oldest silent connection made room.
+        let r = try Self.http(host, port, "GET /metrics HTTP/1.1\r\n\r\n")
+        #expect(r.status == "HTTP/1.1 200 OK")
+        #expect(r.body.contains("concord_connections"))
+        #expect(server.stop() == 0)
+    }
+
+    @Test func aSocketDirectoryOfAnotherUserIsRefused() throws {
+        let dir = NSTemporaryDirectory() + "concord-foreign-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        chmod(dir, 0o755)
+        // Owned by another user (only root can give it away; elsewhere there is nothing to test).
+        guard getuid() == 0, chown(dir, 4242, 4242) == 0 else { return }
+        let r = try ServerProcess.runToExit(arguments: ["--socket", dir + "/s.sock"])
+        #expect(r.status != 0)
+        #expect(r.stderr.contains("belongs to uid 4242"))
+    }
+
     @Test func metricsAddressIsCheckedAtStartUp() throws {
         let dir = NSTemporaryDirectory() + "concord-metrics-\(UUID().uuidString.prefix(8))"
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
@@ -230,10 +267,16 @@ struct OperatorTests {
         #expect(refused["ok"] == false)
         #expect(refused["error"]?["code"] == "forbidden")
         #expect(refused["error"]?["message"]?.stringValue?.contains("uid 4242") == true)
-        // The server's own user is always allowed, and the refusal is logged.
+        // The server's own user is always allowed, and the refusal is logged —
+        // once per peer per episode, however often it knocks.
         #expect(try server.connect().request(#"{"op":"ping"}"#)["ok"] == true)
+        for _ in 0..<5 { _ = try Self.pingAs(uid: 4242, gid: 4242, socket: server.socketPath) }
         #expect(server.stderr.contains("connection refused: peer not allowed"))
         #expect(server.stderr.contains("concord.peer.uid=4242"))
+        #expect(server.stderr.components(separatedBy: "connection refused: peer not allowed").count - 1 == 1)
+        // Counted where operators look for errors.
+        let prom = try server.connect().request(#"{"op":"stats","prometheus":true}"#)["prometheus"]?.stringValue ?? ""
+        #expect(Self.sample(prom, #"concord_errors_total{code="forbidden"}"#) == 6)
         let stats = try server.connect().request(#"{"op":"stats"}"#)
         #expect(stats["connections"] == 1)
         #expect(server.stop() == 0)
