@@ -91,17 +91,34 @@ def main():
     nviews = 4000 if QUICK else 40_000
     v = Conn(sock)
     case(f"subscribe {nviews:,} distinct views on an empty type (pipelined)", build_on(v, nviews, lambda i: {"type": "Empty", "where": {"path": "n", "eq": i}}), by)
+    watcher = Conn(sock)
     def close(conn):
         def run():
-            conn.s.close()
-            time.sleep(0.3)
-            return "closed"
+            # shutdown first: the makefile() reader keeps the descriptor open.
+            conn.s.shutdown(socket.SHUT_RDWR); conn.f.close(); conn.s.close()
+            # Until the views are dropped and unfiled from every index.
+            while True:
+                q = watcher.req({"op": "stats"})["queries"]
+                if q["views"] == 0 and q["unfiling"] == 0: return "dropped and unfiled"
+                time.sleep(0.002)
         return run
     case(f"close a connection holding {nviews:,} views", close(v), by)
     big = 400 if QUICK else 2000
     v2 = Conn(sock)
     case(f"subscribe {big:,} views of all {posts:,} posts each (pipelined)", build_on(v2, big, lambda i: {"type": "Post", "where": {"path": "date", "gte": -1 - i}}), by)
     case(f"close a connection holding {big:,} views x {posts:,} members", close(v2), by)
+    # A pipelined writer while 1,000 range-predicate views watch the type.
+    nq = 200 if QUICK else 1000
+    r = Conn(sock)
+    build_on(r, nq, lambda i: {"type": "Post", "where": {"all": [{"path": "date", "gte": i}, {"path": "date", "lt": i + 50}]}, "order": [{"path": "date"}], "limit": 10})()
+    nw = 1000 if QUICK else 5000
+    def pipelined():
+        data = "".join(json.dumps({"op": "update", "model": {"id": f"Post:{i % posts}", "date": (i * 7) % posts}}) + "\n" for i in range(nw)).encode()
+        t = threading.Thread(target=lambda: w.s.sendall(data), daemon=True); t.start()
+        for _ in range(nw): w.response()
+        t.join()
+        return f"{nw} updates"
+    case(f"pipelined updates under {nq:,} range-predicate views", pipelined, by)
     by.end(); p.terminate(); p.wait()
 
 def build_on(conn, n, q):

@@ -25,6 +25,10 @@ final class ClientSession {
     var peer: PeerCredentials?
     var openedAt = 0.0
     var requests = 0
+    /// Closed by the driver: nothing is written to it any more, and its
+    /// subscriptions still to end are in `closing` (Engine.close).
+    var closed = false
+    var closing: [SubscriptionRecord] = []
 
     init(id: ConnectionID, flow: ConnectionFlow) {
         self.id = id

@@ -58,6 +58,15 @@ extension Engine {
             for (i, v) in tq.unindexed.enumerated() where v.unindexedSlot != Int32(i) {
                 note("type \(type): unindexed view \(v.key) is at \(i) but thinks \(v.unindexedSlot)")
             }
+            var ranged = 0
+            for (pk, entry) in tq.ranges {
+                for (v, serial) in entry.tree.all() {
+                    if v.range.map({ Self.pathKey($0.path) }) != pk || v.serial != serial { note("type \(type): view \(v.key) is filed under the range of \(entry.path) but is not ranged by it") }
+                    if !v.retired { ranged += 1 }
+                }
+            }
+            let live = queries.views.values.filter { $0.spec.type == type && $0.range != nil }.count
+            if live != ranged { note("type \(type): \(live) live views have a range, \(ranged) are filed by one") }
             for (_, byKey) in tq.byValue {
                 for (vk, filed) in byKey {
                     for (i, f) in filed.enumerated() where f.view.valueSlots[Int(f.value)] != Int32(i) || f.view.index?.values[Int(f.value)] != vk {
@@ -84,7 +93,9 @@ extension Engine {
         var problems = store.invariantViolations() + queryViolations()
         func note(_ s: String) { if problems.count < 40 { problems.append(s) } }
         var subs = 0
-        for (id, c) in clients {
+        // Closed connections whose subscriptions are still being ended count too.
+        let sessions = Array(clients) + closingClients[closingHead...].compactMap { $0.map { ($0.id, $0) } }
+        for (id, c) in sessions {
             if c.id != id { note("client \(id) is filed as \(c.id)") }
             subs += c.subs.count
             for s in c.subs.values {
@@ -126,7 +137,7 @@ extension Engine {
         }
         if subs != subscriptionCount { note("subscription count \(subscriptionCount) but clients hold \(subs)") }
         var byKind = [Int](repeating: 0, count: Self.subscriptionKindNames.count)
-        for c in clients.values { for s in c.subs.values { byKind[s.kind.metricIndex] += 1 } }
+        for (_, c) in sessions { for s in c.subs.values { byKind[s.kind.metricIndex] += 1 } }
         if byKind != subscriptionsByKind { note("subscriptions by kind \(subscriptionsByKind) but clients hold \(byKind)") }
         // Every index entry points at a live view that holds that identity.
         for (id, views) in modelWatchers {

@@ -6,7 +6,9 @@ import ConcordProtocol
 /// An entity that changes is handed to (1) the views it is a member of
 /// (`memberOf`), (2) the views whose equality condition its new value meets
 /// (`byValue`, looked up per indexed path: a hash probe each), and (3) the
-/// views that cannot be indexed (`unindexed`: every one of them is tested).
+/// views whose range of one path holds its new value (`ranges`: an interval
+/// tree per path, O(log n + k)), and (4) the views that cannot be indexed
+/// (`unindexed`: every one of them is tested).
 /// So the work of a mutation grows with the entities it changes and the
 /// queries they can affect, not with the number of live queries — except
 /// for unindexed ones, which cost one predicate test per changed entity of
@@ -22,6 +24,8 @@ final class TypeQueries {
     var byValue: [String: [String: [Filed]]] = [:]
     /// path (joined by NUL) → how many views are filed under it.
     var paths: [String: (path: QueryPath, views: Int)] = [:]
+    /// path (joined by NUL) → the views filed by the range of that path.
+    var ranges: [String: (path: QueryPath, tree: RangeTree)] = [:]
     var unindexed: [QueryView] = []
     var viewCount = 0
     /// Every entity of the type in memory: built on the first query of the
@@ -83,6 +87,8 @@ final class QueryRegistry {
     /// turns (``Engine/doDeferredWork(units:)``); `retiringHead` is the next.
     var retiring: [QueryView] = []
     var retiringHead = 0
+    /// The next view's serial number.
+    var nextSerial: UInt32 = 0
 }
 
 extension Engine {
@@ -124,8 +130,17 @@ extension Engine {
             tq.paths[pk] = (idx.path, (tq.paths[pk]?.views ?? 0) + 1)
         } else {
             for id in tq.entities { if let v = store.entity(id) { view.add(id, v) } }
-            view.unindexedSlot = Int32(tq.unindexed.count)
-            tq.unindexed.append(view)
+            queries.nextSerial &+= 1
+            view.serial = queries.nextSerial
+            if let r = RangeBounds.of(view.condition) {
+                view.range = r
+                let pk = Self.pathKey(r.path)
+                if tq.ranges[pk] == nil { tq.ranges[pk] = (r.path, RangeTree()) }
+                tq.ranges[pk]!.tree.insert(view, serial: view.serial, lo: r.lo, hi: r.hi)
+            } else {
+                view.unindexedSlot = Int32(tq.unindexed.count)
+                tq.unindexed.append(view)
+            }
         }
         for id in view.members.keys { fileMember(id, view) }
         tq.viewCount += 1
@@ -176,7 +191,9 @@ extension Engine {
     /// moves into its slot. Nothing when the list no longer holds it there
     /// (an update rebuilt the list without the dropped view).
     private func unfileMember(_ id: String, _ view: QueryView, slot: Int32) {
-        guard slot >= 0, let list = queries.memberOf[id], Int(slot) < list.count, list[Int(slot)] === view else { return }
+        // Checked without keeping a copy of the list: a copy alive at the
+        // removal would make it copy its whole array (O(views) per call).
+        guard slot >= 0, queries.memberOf[id].map({ Int(slot) < $0.count && $0[Int(slot)] === view }) == true else { return }
         let (moved, left) = queries.memberOf[id]!.remove(at: Int(slot))
         if !left {
             queries.memberOf[id] = nil
@@ -235,6 +252,12 @@ extension Engine {
                 } else {
                     tq.paths[pk]?.views = left
                 }
+            } else if let r = view.range {
+                let pk = Self.pathKey(r.path)
+                tq.ranges[pk]?.tree.remove(lo: r.lo, serial: view.serial)
+                if tq.ranges[pk]?.tree.count == 0 { tq.ranges[pk] = nil }
+                view.range = nil
+                used += 1
             } else if view.unindexedSlot >= 0, Int(view.unindexedSlot) < tq.unindexed.count, tq.unindexed[Int(view.unindexedSlot)] === view {
                 let i = Int(view.unindexedSlot)
                 let last = tq.unindexed.removeLast()
@@ -338,6 +361,12 @@ extension Engine {
                     guard let x = QueryEval.value(value, entry.path), let vk = QueryEval.indexKey(x),
                           let filed = tq.byValue[pk]?[vk] else { continue }
                     for f in filed where !f.view.retired { candidates.append(f.view) }
+                }
+            }
+            if let value, !tq.ranges.isEmpty {
+                for (_, entry) in tq.ranges {
+                    guard let x = QueryEval.value(value, entry.path), let k = RangeKey(x) else { continue }
+                    entry.tree.forEach(holding: k) { if !$0.retired { candidates.append($0) } }
                 }
             }
             for view in tq.unindexed where !view.retired { candidates.append(view) }

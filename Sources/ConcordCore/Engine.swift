@@ -96,6 +96,10 @@ public final class Engine {
 
     var clients: [ConnectionID: ClientSession] = [:]
     var dirtyClients: [ClientSession] = []
+    /// Closed connections whose subscriptions are still being ended, a
+    /// slice at a time between turns (deferred work): `closingHead` is next.
+    var closingClients: [ClientSession?] = []
+    var closingHead = 0
 
     /// Identity → the model views holding it.
     var modelWatchers: [String: [ObjectIdentifier: ModelView]] = [:]
@@ -149,6 +153,7 @@ public final class Engine {
         // Shared views and their subscriptions hold each other; unregistering
         // breaks the links, so a discarded engine frees everything.
         for id in Array(clients.keys) { close(id) }
+        while hasDeferredWork { doDeferredWork(units: 1 << 20) }
     }
 
     // MARK: Connections
@@ -162,27 +167,62 @@ public final class Engine {
         clients[id] = c
     }
 
-    /// Ends every subscription of the connection; nothing of it stays behind.
+    /// Ends every subscription of the connection; nothing of it stays
+    /// behind. The connection is gone at once (nothing more is written to
+    /// it); its subscriptions are ended as deferred work, a slice between
+    /// turns, so closing a connection with very many never holds a turn.
     public func close(_ id: ConnectionID) {
         guard let c = clients.removeValue(forKey: id) else { return }
-        for s in c.subs.values { unregister(s) }
-        c.subs.removeAll()
+        c.closed = true
+        c.closing = c.subs.values
+        c.output = OutputQueue()
+        closingClients.append(c)
         checkInvariantsIfEnabled()
     }
 
-    /// Work the engine put off so that no turn holds it: unfiling dropped
-    /// query views from the indexes. The driver calls
-    /// ``doDeferredWork(units:)`` between turns while this is true; nothing
-    /// a client sees depends on it (dropped views are already invisible).
-    public var hasDeferredWork: Bool { hasRetiringViews }
+    /// Work the engine put off so that no turn holds it: ending the
+    /// subscriptions of closed connections, and unfiling dropped query views
+    /// from the indexes. The driver calls ``doDeferredWork(units:)`` between
+    /// turns while this is true; nothing a client sees depends on it
+    /// (a closed connection's output is discarded, dropped views are
+    /// already invisible).
+    public var hasDeferredWork: Bool { closingHead < closingClients.count || hasRetiringViews }
 
-    /// Does at most `units` steps of deferred work (a step: one membership
-    /// or one index entry, well under a microsecond). Returns whether some remains.
+    /// Does at most about `units` steps of deferred work (a step: one
+    /// membership or one index entry, well under a microsecond; ending a
+    /// subscription counts 8, plus the entities of a model view). Returns
+    /// whether some remains.
     @discardableResult
     public func doDeferredWork(units: Int = 4096) -> Bool {
-        _ = unfileRetiredViews(units: max(1, units))
+        var used = endClosedSubscriptions(units: max(1, units))
+        if used < units { used += unfileRetiredViews(units: units - used) }
         checkInvariantsIfEnabled()
         return hasDeferredWork
+    }
+
+    /// Ends subscriptions of closed connections, oldest connection first.
+    private func endClosedSubscriptions(units: Int) -> Int {
+        var used = 0
+        while used < units, closingHead < closingClients.count {
+            guard let c = closingClients[closingHead] else { closingHead += 1; continue }
+            while used < units, let s = c.closing.popLast() {
+                // Ended meanwhile (an entity cap, `clear`): already unregistered.
+                guard c.subs[s.name] === s else { continue }
+                if case .model(let view) = s.kind { used += view.ids.count }
+                unregister(s)
+                _ = c.subs.removeValue(forKey: s.name)
+                used += 8
+            }
+            guard c.closing.isEmpty else { break }
+            c.subs.removeAll()
+            closingClients[closingHead] = nil  // released
+            closingHead += 1
+        }
+        if closingHead == closingClients.count {
+            closingClients.removeAll()
+            closingHead = 0
+        }
+        return used
     }
 
     public var connectionCount: Int { clients.count }
@@ -193,6 +233,8 @@ public final class Engine {
         out.reserveCapacity(dirtyClients.count)
         for c in dirtyClients {
             c.dirty = false
+            // Closed: events rendered for its subscriptions before they ended go nowhere.
+            if c.closed { c.output = OutputQueue(); continue }
             let bytes = c.output.byteCount
             linesTaken += c.output.lineCount
             let segs = c.output.take()

@@ -33,7 +33,12 @@ final class QueryView: SharedView {
     var index: QueryIndexKey?
     /// With `index`: this view's place in the index list of each of its values.
     var valueSlots: [Int32] = []
-    /// Without `index`: its place in its type's `unindexed` list.
+    /// Without `index`: the range of one path it is filed under in its
+    /// type's range index (Engine+Queries), or nil when it is unindexed.
+    var range: RangeBounds?
+    /// A number no other view of this engine has (the range index's tie-break).
+    var serial: UInt32 = 0
+    /// Neither `index` nor `range`: its place in its type's `unindexed` list.
     var unindexedSlot: Int32 = -1
     /// Dropped: no longer found by definition, skipped by updates, and being
     /// unfiled from the indexes in slices (Engine+Queries, deferred work).

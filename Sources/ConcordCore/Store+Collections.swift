@@ -122,11 +122,24 @@ extension Store {
     /// Every index holding `id` gets its current value and an `update` change.
     /// `changed`: false for a forced rewrite of an unchanged entity (its
     /// `update` changes are sent, but the list did not change).
-    func refreshInCollections(_ id: String, changed: Bool = true) {
-        guard let holders = collectionReferrers[id], let value = entities[id]?.value else { return }
-        for name in holders.keys {
+    func refreshInCollections<S: Sequence<String>>(_ ids: S, changed: Bool = true) {
+        // Gathered first, then recorded per collection in index order: the
+        // ids come from a Set, whose iteration order differs between
+        // processes, and an event's `changes` must be the same bytes on every
+        // run and every replica.
+        var positions: [String: [Int]] = [:]
+        for id in ids {
+            guard let holders = collectionReferrers[id] else { continue }
+            for name in holders.keys {
+                guard let record = collections[name] else { continue }
+                for i in record.ids.indices where record.ids[i] == id { positions[name, default: []].append(i) }
+            }
+        }
+        for (name, var indices) in positions {
             guard let record = touchCollection(name, create: false) else { continue }
-            for i in record.ids.indices where record.ids[i] == id {
+            indices.sort()
+            for i in indices {
+                guard let value = entities[record.ids[i]]?.value else { continue }
                 collectionUndo.append(.setValue(name, index: i, value: record.values[i]))
                 record.values[i] = value
                 recordChange(name, .update(index: i, item: value), changed: changed)

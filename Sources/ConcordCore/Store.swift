@@ -256,7 +256,7 @@ final class Store {
             }
             change.forcedHolders = holders
             change.documentsForced = docs
-            for h in holders where !change.valueChanged.contains(h) { refreshInCollections(h, changed: false) }
+            refreshInCollections(holders.lazy.filter { !change.valueChanged.contains($0) }, changed: false)
         }
         if let key = u.key {
             let value = tree.substituteAny(u.model) { entities[$0]?.value }.0
@@ -378,7 +378,7 @@ final class Store {
         }
         for id in toRefresh { refresh(id) }
         if !deleted.isEmpty { removeFromCollections(deleted) }
-        for id in change.valueChanged { refreshInCollections(id) }
+        refreshInCollections(change.valueChanged)
         for key in docs {
             guard let doc = documents[key] else { continue }
             let old = doc.value

@@ -45,11 +45,28 @@ struct CollectionTests {
         let ev = a.take()
         #expect(ev.count == 2)
         let c = ev.first { $0["sub"] == "c" }!
-        // Update changes commute; their order among themselves is not specified.
-        #expect(Set(c["changes"]?.arrayValue?.compactMap { $0["index"]?.numberValue?.intValue } ?? []) == [0, 2])
+        // Update changes commute, but their order is fixed: ascending index.
+        #expect(c["changes"]?.arrayValue?.compactMap { $0["index"]?.numberValue?.intValue } == [0, 2])
         #expect(c["changes"]?.arrayValue?.allSatisfy { $0["op"] == "update" && $0["item"]?["by"]?["n"] == "y" } == true)
         let d = ev.first { $0["sub"] == "d" }!
         #expect(d["changes"] == json(#"[{"op":"update","index":0,"item":{"id":"M:3","by":{"id":"U:1","n":"y"}}}]"#))
+    }
+
+    /// The rows an update rewrites come from a Set; the event lists them by
+    /// ascending index whatever that Set's order (it differs per process).
+    @Test func updateChangesAreListedByAscendingIndex() throws {
+        let h = EngineHarness()
+        let a = h.connect()
+        let rows = (0..<40).map { #"{"id":"M:\#($0)","by":{"id":"U:1","n":"x"}}"# }.joined(separator: ",")
+        a.ok(#"{"op":"collection.set","collection":"c","items":[\#(rows)]}"#)
+        a.ok(#"{"op":"subscribe","sub":"c","collection":"c"}"#)
+        a.ok(#"{"op":"update","model":{"id":"U:1","n":"y"}}"#)
+        a.ok(#"{"op":"update","force":true,"model":{"id":"U:1","n":"y"}}"#)
+        let ev = a.take()
+        #expect(ev.count == 2)
+        for e in ev {
+            #expect(e["changes"]?.arrayValue?.compactMap { $0["index"]?.numberValue?.intValue } == Array(0..<40))
+        }
     }
 
     @Test func twoDeletesInABatchAreOneEvent() throws {

@@ -299,6 +299,13 @@ struct ConsistencyTests {
         a.ok(#"{"op":"subscribe","sub":"i","ids":["A"]}"#)
         a.ok(#"{"op":"subscribe","sub":"f","feed":{}}"#)
         a.close()
+        // The connection is gone at once; its subscriptions end as deferred
+        // work, a slice at a time, between turns.
+        #expect(h.engine.connectionCount == 0)
+        #expect(h.engine.hasDeferredWork)
+        var slices = 0
+        while h.engine.doDeferredWork(units: 1) { slices += 1 }
+        #expect(slices >= 3)
         #expect(h.engine.subscriptionCount == 0)
         #expect(h.engine.modelWatchers.isEmpty)
         #expect(h.engine.keyViews.isEmpty)

@@ -153,10 +153,11 @@ import Testing
         a.ok(#"{"op":"unsubscribe","sub":"x"}"#)
         #expect(h.engine.queries.views.count == 1)
         b.close()
-        #expect(h.engine.queries.views.isEmpty)
-        // The dropped view is unfiled from the indexes as deferred work, between turns.
+        // Its subscription ends, and the dropped view is unfiled from the
+        // indexes, as deferred work between turns.
         #expect(h.engine.hasDeferredWork)
         while h.engine.doDeferredWork(units: 1) {}
+        #expect(h.engine.queries.views.isEmpty)
         #expect(h.engine.queries.types.isEmpty)
         #expect(h.engine.queries.memberOf.isEmpty)
     }
@@ -273,9 +274,20 @@ import Testing
               matches: { _ in true }, key: { [at($0, ["author", "name"]), at($0, ["date"])] }, desc: [false, false], offset: 2, limit: 4),
             Q(name: "recent", text: #"{"type":"Post","where":{"all":[{"path":"date","gte":3},{"path":"tag","in":["a","b"]}]},"order":[{"path":"tag"},{"path":"date","desc":true}]}"#,
               matches: { v in
-                  guard case .number(let d)? = at(v, ["date"]), (Int(d.text) ?? -1) >= 3 else { return false }
+                  guard case .number(let d)? = at(v, ["date"]), (Double(d.text) ?? -1) >= 3 else { return false }
                   return at(v, ["tag"]) == "a" || at(v, ["tag"]) == "b"
               }, key: { [at($0, ["tag"]), at($0, ["date"])] }, desc: [false, true], offset: 0, limit: nil),
+            // Filed by the range index (dates are numbers, sometimes fractional, sometimes strings).
+            Q(name: "window", text: #"{"type":"Post","where":{"all":[{"path":"date","gt":1},{"path":"date","lte":4.5}]},"order":[{"path":"date"}],"limit":3}"#,
+              matches: { v in
+                  guard case .number(let d)? = at(v, ["date"]), let x = Double(d.text) else { return false }
+                  return x > 1 && x <= 4.5
+              }, key: { [at($0, ["date"])] }, desc: [false], offset: 0, limit: 3),
+            Q(name: "tagB", text: #"{"type":"Post","where":{"path":"tag","prefix":"b"}}"#,
+              matches: { v in
+                  guard case .string(let t)? = at(v, ["tag"]) else { return false }
+                  return t.hasPrefix("b")
+              }, key: { _ in [] }, desc: [], offset: 0, limit: nil),
             Q(name: "noTag", text: #"{"type":"Post","where":{"not":{"path":"tag","exists":true}},"limit":2,"offset":1}"#,
               matches: { at($0, ["tag"]) == nil }, key: { _ in [] }, desc: [], offset: 1, limit: 2),
         ]
@@ -293,8 +305,11 @@ import Testing
         var counts: [String: Int] = [:]
         func post(_ i: Int) -> String {
             var members = [#""id":"Post:\#(i)""#]
-            if Bool.random(using: &rng) { members.append(#""date":\#(Int.random(in: 0..<6, using: &rng))"#) }
-            if Int.random(in: 0..<3, using: &rng) > 0 { members.append(#""tag":"\#(["a", "b", "c"].randomElement(using: &rng)!)""#) }
+            if Bool.random(using: &rng) {
+                let date = ["\(Int.random(in: 0..<6, using: &rng))", "4.5", "1.0", "2.5", #""3""#].randomElement(using: &rng)!
+                members.append(#""date":\#(date)"#)
+            }
+            if Int.random(in: 0..<3, using: &rng) > 0 { members.append(#""tag":"\#(["a", "b", "c", "bb", "ab"].randomElement(using: &rng)!)""#) }
             if Int.random(in: 0..<4, using: &rng) > 0 { members.append(#""author":{"id":"Person:\#(Int.random(in: 0..<3, using: &rng))"}"#) }
             return "{" + members.joined(separator: ",") + "}"
         }

@@ -35,6 +35,28 @@ struct RegressionTests {
         #expect(server.stop() == 0)
     }
 
+    /// Two processes (two hash seeds) send the same event for the same
+    /// requests: a collection event's `update` changes were ordered by Set
+    /// iteration.
+    @Test func twoServersSendTheSameCollectionEvent() throws {
+        func run() throws -> [JSON] {
+            let server = try ServerProcess()
+            let c = try server.connect()
+            let rows = (0..<30).map { #"{"id":"M:\#($0)","by":{"id":"U:\#($0 % 3)","n":"x"}}"# }.joined(separator: ",")
+            try c.request(#"{"op":"collection.set","collection":"c","items":[\#(rows)]}"#)
+            try c.request(#"{"op":"subscribe","sub":"c","collection":"c"}"#)
+            try c.request(#"{"op":"batch","ops":[{"op":"update","model":{"id":"U:0","n":"y"}},{"op":"update","model":{"id":"U:2","n":"z"}}]}"#)
+            let events = c.take()
+            #expect(server.stop() == 0)
+            return events
+        }
+        let first = try run()
+        let second = try run()
+        #expect(first.count == 1)
+        #expect(first == second)
+        #expect(first.first?["changes"]?.arrayValue?.count == 20)
+    }
+
     /// The memory backend freed nothing on `clear` (neighbours kept each other alive).
     @Test(.disabled(if: Sanitizer.active, Sanitizer.jemallocReason))
     func theMemoryBackendFreesWhatClearRemoves() throws {

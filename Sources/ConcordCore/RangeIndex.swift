@@ -1,0 +1,261 @@
+import ConcordJSON
+import ConcordProtocol
+
+/// One end of a range a view is filed under: a number (as a Double), a
+/// string (bytes, optionally "followed by anything", which is how a `prefix`
+/// ends), or the first/last place of a kind. Numbers come before strings.
+///
+/// The index only has to find a superset of the views a value can satisfy —
+/// each candidate view still tests its own condition — so every bound is
+/// taken as inclusive, and numbers are compared as Doubles: rounding to the
+/// nearest Double never reverses an order (a ≤ b ⇒ round(a) ≤ round(b)).
+enum RangeKey {
+    case start(Kind)
+    case number(Double)
+    case string(String, beyond: Bool)
+    case end(Kind)
+
+    enum Kind: UInt8 { case number = 1, string = 2 }
+
+    var kind: Kind {
+        switch self {
+        case .start(let k), .end(let k): return k
+        case .number: return .number
+        case .string: return .string
+        }
+    }
+
+    /// The key of a scalar a range can hold (a number or a string); nil otherwise.
+    init?(_ v: JSON) {
+        switch v {
+        case .number(let n): self = .number(Double(n.text) ?? 0)
+        case .string(let s): self = .string(s, beyond: false)
+        default: return nil
+        }
+    }
+
+    /// -1, 0 or 1.
+    static func compare(_ a: RangeKey, _ b: RangeKey) -> Int {
+        let ka = a.kind.rawValue, kb = b.kind.rawValue
+        if ka != kb { return ka < kb ? -1 : 1 }
+        switch (a, b) {
+        case (.start, .start), (.end, .end): return 0
+        case (.start, _), (_, .end): return -1
+        case (_, .start), (.end, _): return 1
+        case let (.number(x), .number(y)): return x < y ? -1 : (x > y ? 1 : 0)
+        case let (.string(x, xb), .string(y, yb)): return compareStrings(x, xb, y, yb)
+        default: return 0
+        }
+    }
+
+    /// By UTF-8 bytes (the order of ``QueryEval/compareStrings(_:_:)``); a
+    /// string "followed by anything" is above every string it prefixes.
+    private static func compareStrings(_ x: String, _ xBeyond: Bool, _ y: String, _ yBeyond: Bool) -> Int {
+        var x = x, y = y
+        return x.withUTF8 { a in
+            y.withUTF8 { b in
+                let n = min(a.count, b.count)
+                var i = 0
+                while i < n {
+                    if a[i] != b[i] { return a[i] < b[i] ? -1 : 1 }
+                    i += 1
+                }
+                if a.count == b.count { return xBeyond == yBeyond ? 0 : (xBeyond ? 1 : -1) }
+                // One is a proper prefix of the other.
+                if a.count < b.count { return xBeyond ? 1 : -1 }
+                return yBeyond ? -1 : 1
+            }
+        }
+    }
+}
+
+/// How a view is found by the range index: the values at `path` it can
+/// hold lie in `lo ... hi` (bounds inclusive, see ``RangeKey``).
+struct RangeBounds {
+    var path: QueryPath
+    var lo: RangeKey
+    var hi: RangeKey
+
+    /// A range on one scalar path that the condition cannot match without:
+    /// `lt/lte/gt/gte` on a number or string, or `prefix`, at the top or
+    /// directly under `all` (those of the first such path, intersected).
+    static func of(_ c: CompiledCondition?) -> RangeBounds? {
+        guard let c else { return nil }
+        let parts: [CompiledCondition]
+        if case .all(let list) = c { parts = list } else { parts = [c] }
+        var result: RangeBounds?
+        for part in parts {
+            guard let (path, lo, hi) = bounds(part) else { continue }
+            guard var r = result else {
+                result = RangeBounds(path: path, lo: lo, hi: hi)
+                continue
+            }
+            // Another bound of the same path and kind narrows it; the
+            // condition itself still decides (a superset is enough).
+            guard path == r.path, lo.kind == r.lo.kind else { continue }
+            if RangeKey.compare(lo, r.lo) > 0 { r.lo = lo }
+            if RangeKey.compare(hi, r.hi) < 0 { r.hi = hi }
+            result = r
+        }
+        return result
+    }
+
+    private static func bounds(_ c: CompiledCondition) -> (QueryPath, RangeKey, RangeKey)? {
+        switch c {
+        case .compare(let p, let op, let v):
+            guard let k = RangeKey(v) else { return nil }
+            switch op {
+            case .lt, .lte: return (p, .start(k.kind), k)
+            case .gt, .gte: return (p, k, .end(k.kind))
+            default: return nil
+            }
+        case .prefix(let p, let s):
+            return (p, .string(s, beyond: false), .string(s, beyond: true))
+        default:
+            return nil
+        }
+    }
+}
+
+/// The views of one type filed by the range of one path: an interval tree
+/// (a treap ordered by low bound, each node knowing the highest high bound
+/// below it), in flat arrays with 32-bit links. Filing and unfiling are
+/// O(log n); finding the views whose range holds a value is O(log n + k)
+/// for k views found. Priorities hash the view's serial number, so the
+/// shape is the same on every run.
+struct RangeTree {
+    private struct Node {
+        var lo: RangeKey
+        var hi: RangeKey
+        var maxHi: RangeKey
+        var serial: UInt32
+        unowned(unsafe) var view: QueryView  // the view unfiles itself before it goes
+        var left: Int32 = -1
+        var right: Int32 = -1
+        var priority: UInt32
+    }
+    private var nodes: [Node] = []
+    private var free: [Int32] = []
+    private var root: Int32 = -1
+    private(set) var count = 0
+
+    private static func priority(_ serial: UInt32) -> UInt32 {
+        var h = serial &* 0x9E37_79B9
+        h ^= h >> 16
+        h = h &* 0x85EB_CA6B
+        h ^= h >> 13
+        return h
+    }
+
+    /// (lo, serial) order.
+    private func less(_ lo: RangeKey, _ serial: UInt32, than n: Int32) -> Bool {
+        let c = RangeKey.compare(lo, nodes[Int(n)].lo)
+        return c != 0 ? c < 0 : serial < nodes[Int(n)].serial
+    }
+
+    private mutating func update(_ n: Int32) {
+        var m = nodes[Int(n)].hi
+        let l = nodes[Int(n)].left, r = nodes[Int(n)].right
+        if l >= 0, RangeKey.compare(nodes[Int(l)].maxHi, m) > 0 { m = nodes[Int(l)].maxHi }
+        if r >= 0, RangeKey.compare(nodes[Int(r)].maxHi, m) > 0 { m = nodes[Int(r)].maxHi }
+        nodes[Int(n)].maxHi = m
+    }
+
+    /// Splits `n` into (< (lo, serial), ≥ (lo, serial)).
+    private mutating func split(_ n: Int32, _ lo: RangeKey, _ serial: UInt32) -> (Int32, Int32) {
+        if n < 0 { return (-1, -1) }
+        if less(lo, serial, than: n) {
+            let (a, b) = split(nodes[Int(n)].left, lo, serial)
+            nodes[Int(n)].left = b
+            update(n)
+            return (a, n)
+        } else {
+            let (a, b) = split(nodes[Int(n)].right, lo, serial)
+            nodes[Int(n)].right = a
+            update(n)
+            return (n, b)
+        }
+    }
+
+    private mutating func merge(_ a: Int32, _ b: Int32) -> Int32 {
+        if a < 0 { return b }
+        if b < 0 { return a }
+        if nodes[Int(a)].priority > nodes[Int(b)].priority {
+            nodes[Int(a)].right = merge(nodes[Int(a)].right, b)
+            update(a)
+            return a
+        } else {
+            nodes[Int(b)].left = merge(a, nodes[Int(b)].left)
+            update(b)
+            return b
+        }
+    }
+
+    /// Files `view` (serial `serial`, not filed yet) under `lo ... hi`.
+    mutating func insert(_ view: QueryView, serial: UInt32, lo: RangeKey, hi: RangeKey) {
+        let node = Node(lo: lo, hi: hi, maxHi: hi, serial: serial, view: view, priority: Self.priority(serial))
+        let n: Int32
+        if let f = free.popLast() {
+            nodes[Int(f)] = node
+            n = f
+        } else {
+            nodes.append(node)
+            n = Int32(nodes.count - 1)
+        }
+        let (a, b) = split(root, lo, serial)
+        root = merge(merge(a, n), b)
+        count += 1
+    }
+
+    /// Unfiles the view filed with (`lo`, `serial`); nothing when none is.
+    mutating func remove(lo: RangeKey, serial: UInt32) {
+        root = remove(root, lo, serial)
+    }
+
+    private mutating func remove(_ n: Int32, _ lo: RangeKey, _ serial: UInt32) -> Int32 {
+        if n < 0 { return -1 }
+        if nodes[Int(n)].serial == serial {
+            let m = merge(nodes[Int(n)].left, nodes[Int(n)].right)
+            free.append(n)
+            count -= 1
+            return m
+        }
+        if less(lo, serial, than: n) {
+            nodes[Int(n)].left = remove(nodes[Int(n)].left, lo, serial)
+        } else {
+            nodes[Int(n)].right = remove(nodes[Int(n)].right, lo, serial)
+        }
+        update(n)
+        return n
+    }
+
+    /// Calls `body` with every view whose range holds `x`.
+    func forEach(holding x: RangeKey, _ body: (QueryView) -> Void) {
+        visit(root, x, body)
+    }
+
+    private func visit(_ n: Int32, _ x: RangeKey, _ body: (QueryView) -> Void) {
+        guard n >= 0 else { return }
+        let node = nodes[Int(n)]
+        // Nothing below reaches up to x.
+        if RangeKey.compare(node.maxHi, x) < 0 { return }
+        visit(node.left, x, body)
+        // Everything to the right starts above x when this one does.
+        if RangeKey.compare(node.lo, x) > 0 { return }
+        if RangeKey.compare(node.hi, x) >= 0 { body(node.view) }
+        visit(node.right, x, body)
+    }
+
+    /// Every filed view, in (lo, serial) order (for the internal checks).
+    func all() -> [(view: QueryView, serial: UInt32)] {
+        var out: [(QueryView, UInt32)] = []
+        func walk(_ n: Int32) {
+            guard n >= 0 else { return }
+            walk(nodes[Int(n)].left)
+            out.append((nodes[Int(n)].view, nodes[Int(n)].serial))
+            walk(nodes[Int(n)].right)
+        }
+        walk(root)
+        return out
+    }
+}
