@@ -82,8 +82,13 @@ bench-core: deps
 
 # Instructions per update in the engine (callgrind; repeatable on a noisy machine).
 # valgrind 3.19 cannot read Swift 6.3's DWARF 5, so it runs a copy without
-# debug info; a row that measured nothing fails the target.
+# debug info; a row that measured nothing fails the target. First the whole
+# server process next to the whole redis-server (1 / 10 / 100 subscribers),
+# then the engine alone.
 bench-instructions: release
+	@dpkg -s redis-server >/dev/null 2>&1 || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y redis-server || { $$SUDO apt-get update && $$SUDO apt-get install -y redis-server; }; }
+	python3 scripts/instructions-vs-redis.py .build/release/concord-server /usr/bin/redis-server
 	objcopy --strip-debug .build/release/concord-load .build/release/concord-load.nodebug
 	@for k in "none 1 20000" "key 1 20000" "key 100 2000"; do set -- $$k; \
 		valgrind --tool=callgrind --callgrind-out-file=.build/callgrind.$$1.$$2 .build/release/concord-load.nodebug core --kind $$1 --subs $$2 -n $$3 >/dev/null 2>.build/callgrind.$$1.$$2.log \

@@ -314,8 +314,8 @@ final class Sequencer: @unchecked Sendable {
         return 1
     }
 
-    /// One round: takes a fair share of every runnable lane, parses it (in
-    /// parallel when there are many lines) and answers it in order. Returns
+    /// One round: takes a fair share of every runnable lane, parses it (a
+    /// chunk ahead, in parallel when the chunk is long) and answers it in order. Returns
     /// true when lines were taken.
     private func turn(until deadline: Double = .infinity) -> Bool {
         guard !ready.isEmpty else { return false }
@@ -365,18 +365,32 @@ final class Sequencer: @unchecked Sendable {
         guard !picked.isEmpty else { return false }
         inboxBytes.subtract(bytesTaken, ordering: .relaxed)
 
+        // Lines are parsed a chunk ahead of the one handled, the chunk
+        // doubling (1, 2, 4, …; in parallel once it is long): a turn that
+        // runs out of time has parsed at most twice the lines it handled,
+        // and parses the rest again next turn — not the whole round.
         var parsed = [Engine.ParsedLine?](repeating: nil, count: lines.count)
-        if lines.count >= pool.inlineBelow {
-            let parser = engine.lineParser
-            parsed.withUnsafeMutableBufferPointer { out in
-                let out = out
-                let lines = lines
-                pool.forEach(lines.count) { i in out[i] = Engine.parse(lines[i], parser: parser) }
-            }
-        } else {
-            for i in lines.indices { parsed[i] = Engine.parse(lines[i], parser: engine.lineParser) }
-        }
         for (i, p) in preparsed { parsed[i] = p }
+        var parsedEnd = 0
+        var chunk = 1
+        func parseMore() {
+            let range = parsedEnd..<min(lines.count, parsedEnd + chunk)
+            parsedEnd = range.upperBound
+            if chunk < 4096 { chunk *= 2 }
+            let parser = engine.lineParser
+            if range.count >= pool.inlineBelow {
+                parsed.withUnsafeMutableBufferPointer { out in
+                    let out = out
+                    let lines = lines
+                    pool.forEach(range.count) { k in
+                        let i = range.lowerBound + k
+                        if out[i] == nil { out[i] = Engine.parse(lines[i], parser: parser) }
+                    }
+                }
+            } else {
+                for i in range where parsed[i] == nil { parsed[i] = Engine.parse(lines[i], parser: parser) }
+            }
+        }
         var next = 0
         var handled = 0
         var stopped: (lane: Int, frame: Int)?
@@ -393,6 +407,7 @@ final class Sequencer: @unchecked Sendable {
                 handled += 1
                 switch slice[i] {
                 case .line:
+                    if next >= parsedEnd { parseMore() }
                     let before = engine.seq
                     engine.handle(parsed[next]!, from: lane.id)
                     next += 1
@@ -450,8 +465,8 @@ final class Sequencer: @unchecked Sendable {
     }
 
     /// Lines a turn took but did not handle (its time ran out) go back to
-    /// their lanes, and their bytes back to the counters; they are parsed
-    /// again next turn.
+    /// their lanes, and their bytes back to the counters; those already
+    /// parsed (at most as many as were handled) are parsed again next turn.
     private func giveBack(_ picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)], from stop: (lane: Int, frame: Int),
                           preparsed: [Int: Engine.ParsedLine]) {
         var back = 0

@@ -55,6 +55,9 @@ let fuzzQueries = [
     #"{"type":"P","order":[{"path":"q.m"},{"path":"x"}],"offset":1}"#,
     #"{"type":"P","where":{"any":[{"path":"n","gt":3},{"path":"x","exists":true}]}}"#,
     #"{"type":"Q","where":{"path":"m","in":[0,1,2,3]},"limit":1}"#,
+    // Found through the range index.
+    #"{"type":"P","where":{"all":[{"path":"n","gte":1},{"path":"n","lt":4}]},"order":[{"path":"n"}],"limit":2}"#,
+    #"{"type":"P","where":{"path":"q.m","lte":2}}"#,
 ]
 
 func deliver(_ engine: Engine, _ peers: [Peer]) {
