@@ -342,6 +342,11 @@ struct Subscribe: AsyncParsableCommand {
                          ("count", .int(count)), ("context", context)])]
         case .ended(let seq, let context):
             return [obj([("event", "delete"), ("sub", .string(sub)), ("seq", .int(seq)), ("context", context)])]
+        case .failed(let seq, let error):
+            var e = JSONObject()
+            e["code"] = .string(error.code.rawValue)
+            e["message"] = .string(error.message)
+            return [obj([("event", "delete"), ("sub", .string(sub)), ("seq", .int(seq)), ("error", .object(e))])]
         case .resynced(let seq, let state):
             return [obj([("event", "resynced"), ("sub", .string(sub)), ("seq", .int(seq)), ("state", state)])]
         }

@@ -274,7 +274,12 @@ public final class ConcordClient: @unchecked Sendable {
         case "delete":
             flush(&group)
             let s = lock.withLock { state.subscriptions.removeValue(forKey: name) }
-            s?.yield(.ended(seq: seq, context: context))
+            if let e = o["error"]?.objectValue {
+                let error = ConcordError(ErrorCode(e["code"]?.stringValue ?? "error"), e["message"]?.stringValue ?? "")
+                s?.yield(.failed(seq: seq, error: error))
+            } else {
+                s?.yield(.ended(seq: seq, context: context))
+            }
             s?.finish()
         default:
             break

@@ -142,7 +142,7 @@ public final class DataProvider<Model: ConcordModel>: @unchecked Sendable {
                 subscription = nil
             }
             update = ProviderUpdate(model: nil, context: context)
-        case .entities, .collection, .query:
+        case .entities, .collection, .query, .failed:  // only query views end with an error
             update = nil
         }
         if let update { continuation.yield(update) }

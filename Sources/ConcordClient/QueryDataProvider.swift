@@ -12,6 +12,10 @@ public struct QueryProviderUpdate<Model: Sendable>: Sendable {
     public var context: JSON?
     /// `data` right after these changes.
     public var data: [Model]
+    /// Set on the last update when the server ended the query with an error
+    /// (`limit_exceeded`: the live queries together grew past the server's
+    /// `--max-query-entities`); the window is then empty and ``QueryDataProvider/changes`` ends.
+    public var error: ConcordError? = nil
 }
 
 /// A live query's window as typed models (PROTOCOL.md §3.1): the entities
@@ -39,6 +43,10 @@ public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
     private var models: [Model] = []
     private var matching = 0
     private var subscription: Subscription?
+    private var failure: ConcordError?
+
+    /// Why the server ended this query, when it did (see ``QueryProviderUpdate/error``).
+    public var error: ConcordError? { lock.withLock { failure } }
     private let continuation: AsyncStream<QueryProviderUpdate<Model>>.Continuation
 
     /// Every change of the window (and of the count), in order.
@@ -141,6 +149,16 @@ public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
                 out = [.reset]
                 subscription = nil
                 Task { [weak self] in await self?.reopen() }
+            case .failed(_, let error):
+                // Ended by the server with an error: reopening would grow again.
+                items = []
+                models = []
+                matching = 0
+                subscription = nil
+                failure = error
+                continuation.yield(QueryProviderUpdate(changes: [.reset], count: 0, context: nil, data: [], error: error))
+                continuation.finish()
+                return
             case .update, .entities, .collection:
                 return
             }

@@ -89,6 +89,11 @@ public enum ConcordEvent: Sendable {
     case query(seq: Int, [CollectionEdit], count: Int, context: JSON?)
     /// The view ended (its root, document or collection was removed, or `clear`).
     case ended(seq: Int, context: JSON?)
+    /// The server ended the view with an error: a live query that grew past
+    /// the server's `--max-query-entities` ends with `limit_exceeded`.
+    /// Subscribing again to the same definition would only grow again:
+    /// narrow the query.
+    case failed(seq: Int, error: ConcordError)
     /// After a reconnection: the subscription is live again and this is its
     /// whole current state (`model`, `items` or `models`, as a subscribe
     /// answers; for a query `{"items":[…],"count":n}`).
@@ -98,7 +103,7 @@ public enum ConcordEvent: Sendable {
     public var seq: Int {
         switch self {
         case .update(let s, _, _, _, _), .entities(let s, _, _), .collection(let s, _, _), .query(let s, _, _, _), .ended(let s, _),
-             .resynced(let s, _):
+             .failed(let s, _), .resynced(let s, _):
             return s
         }
     }

@@ -121,6 +121,32 @@ struct ClientTests {
         writer.close()
     }
 
+    /// A live query the server ends because the views together outgrew
+    /// `--max-query-entities`: the provider says why and stops (subscribing
+    /// again would only grow again).
+    @Test func aQueryEndedForTheEntityCapEndsTheProviderWithTheError() async throws {
+        let server = try ServerProcess(arguments: ["--max-query-entities", "10"])
+        let c = try await ConcordClient.connect(socketPath: server.socketPath)
+        let writer = try await ConcordClient.connect(socketPath: server.socketPath)
+        let ann = Person(id: 1, name: "Ann")
+        let p = try await QueryDataProvider<Post>.open(client: c, query: ConcordQuery(Post.self, order: [.ascending("date")]))
+        let last = Task { () -> QueryProviderUpdate<Post>? in
+            var last: QueryProviderUpdate<Post>?
+            for await u in p.changes { last = u }
+            return last   // the stream ended
+        }
+        for i in 1...11 {
+            try await writer.update(try ModelCoding.json(Post(id: .init(String(i)), date: i, author: ann)))
+        }
+        let final = await last.value
+        #expect(final?.error?.code == .limitExceeded)
+        #expect(final?.data.isEmpty == true)
+        #expect(p.error?.code == .limitExceeded)
+        #expect(p.data.isEmpty)
+        c.close()
+        writer.close()
+    }
+
     @Test func theIdentityMemberComesFromHello() async throws {
         let server = try ServerProcess(arguments: ["--id-key", "_id"])
         let c = try await ConcordClient.connect(socketPath: server.socketPath)
