@@ -54,6 +54,11 @@ private struct ParserState {
     let buf: UnsafeBufferPointer<UInt8>
     let maxDepth: Int
     var pos = 0
+    /// The members and items of the objects and arrays being parsed, as
+    /// stacks: a container's own come off at its end into one array of
+    /// exactly their number (one allocation per container, none to grow).
+    var memberStack: [JSONObject.Member] = []
+    var itemStack: [JSON] = []
 
     init(buf: UnsafeBufferPointer<UInt8>, maxDepth: Int) {
         self.buf = buf
@@ -111,12 +116,13 @@ private struct ParserState {
     mutating func parseObject(depth: Int) throws(JSONParseError) -> JSON {
         if depth > maxDepth { throw error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
         pos += 1  // {
-        var members: [JSONObject.Member] = []
         skipWhitespace()
         if pos < buf.count && buf[pos] == UInt8(ascii: "}") {
             pos += 1
-            return .object(JSONObject(members))
+            return .object(JSONObject())
         }
+        if memberStack.capacity == 0 { memberStack.reserveCapacity(16) }
+        let base = memberStack.count
         while true {
             skipWhitespace()
             guard pos < buf.count, buf[pos] == UInt8(ascii: "\"") else {
@@ -129,14 +135,10 @@ private struct ParserState {
             skipWhitespace()
             let value = try parseValue(depth: depth)
             // Last one wins; linear check is fine for the small objects models are made of.
-            if members.count < 32 {
-                if let i = members.firstIndex(where: { $0.key == key }) {
-                    members[i].value = value
-                } else {
-                    members.append(JSONObject.Member(key: key, value: value))
-                }
+            if memberStack.count - base < 32, let i = memberStack[base...].firstIndex(where: { $0.key == key }) {
+                memberStack[i].value = value
             } else {
-                members.append(JSONObject.Member(key: key, value: value))
+                memberStack.append(JSONObject.Member(key: key, value: value))
             }
             skipWhitespace()
             guard pos < buf.count else { throw error("unexpected end of input in an object") }
@@ -147,6 +149,10 @@ private struct ParserState {
             pos -= 1
             throw error("expected ',' or '}' in an object")
         }
+        // Copied through a buffer pointer: `Array(slice)` may adopt the
+        // stack's own buffer, and popping the stack would then copy it.
+        var members = memberStack.withUnsafeBufferPointer { Array($0[base...]) }
+        memberStack.removeLast(memberStack.count - base)
         if members.count > 32 { members = Self.dedupe(members) }
         return .object(JSONObject(members))
     }
@@ -169,15 +175,16 @@ private struct ParserState {
     mutating func parseArray(depth: Int) throws(JSONParseError) -> JSON {
         if depth > maxDepth { throw error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
         pos += 1  // [
-        var items: [JSON] = []
         skipWhitespace()
         if pos < buf.count && buf[pos] == UInt8(ascii: "]") {
             pos += 1
-            return .array(items)
+            return .array([])
         }
+        if itemStack.capacity == 0 { itemStack.reserveCapacity(16) }
+        let base = itemStack.count
         while true {
             skipWhitespace()
-            items.append(try parseValue(depth: depth))
+            itemStack.append(try parseValue(depth: depth))
             skipWhitespace()
             guard pos < buf.count else { throw error("unexpected end of input in an array") }
             let c = buf[pos]
@@ -187,6 +194,8 @@ private struct ParserState {
             pos -= 1
             throw error("expected ',' or ']' in an array")
         }
+        let items = itemStack.withUnsafeBufferPointer { Array($0[base...]) }
+        itemStack.removeLast(itemStack.count - base)
         return .array(items)
     }
 
