@@ -35,7 +35,10 @@ final class ClientSession {
         self.flow = flow
     }
 
-    var isWaiting: Bool { waitingTicket != nil || waitingDurable != nil }
+    /// A request with `min_seq` past the applied seq: until when it waits, and its rid.
+    var waitingSeq: (minSeq: Int, deadline: Double, rid: JSON)?
+
+    var isWaiting: Bool { waitingTicket != nil || waitingDurable != nil || waitingSeq != nil }
 
     func popBacklog() -> Engine.ParsedLine? {
         guard backlogHead < backlog.count else { return nil }

@@ -18,6 +18,8 @@ extension Engine {
     // MARK: Applying
 
     func mutate(_ c: ClientSession, rid: JSON, _ m: Mutation, _ options: MutationOptions) throws(ProtocolError) {
+        // A retry of an accepted mutation: its original answer, first of all (§4.1).
+        if answerDuplicate(c, rid: rid, token: options.token) { return }
         var origins: Set<ObjectIdentifier> = []
         if let o = options.origin {
             guard let s = c.subs[o] else { throw ProtocolError(.noSuchSub, "origin '\(clipID(o))' is not a live subscription of this connection") }
@@ -25,8 +27,9 @@ extension Engine {
         }
         checkCongestion()
         try checkWritable()
+        if let n = options.ifUnchangedSince { try checkUnchanged(m, since: n) }
         if case .clear = m {
-            clearAll(c, rid: rid, context: options.context)
+            clearAll(c, rid: rid, context: options.context, token: options.token)
             return
         }
         let isBatch: Bool
@@ -90,6 +93,7 @@ extension Engine {
         seq += 1
         render(effects: effects, change: change, origins: origins, context: options.context)
         recordWrites()
+        recordVersions(change, effects: effects, ops: ops, token: options.token)
         store.commit()
         if holdUntilDurable(c, rid: rid) { return }
         respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
@@ -114,8 +118,10 @@ extension Engine {
         }
     }
 
-    private func clearAll(_ c: ClientSession, rid: JSON, context: JSON?) {
+    private func clearAll(_ c: ClientSession, rid: JSON, context: JSON?, token: String?) {
         seq += 1
+        versions.cleared(seq: seq)
+        if let token { versions.remember(token: token, seq: seq, now: clock()) }
         for client in clients.values {
             for s in Self.ordered(client.subs.values) {
                 client.output.append(deleteEventBytes(s, seq: seq, context: context))

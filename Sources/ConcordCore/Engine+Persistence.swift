@@ -117,6 +117,8 @@ extension Engine {
         persistence = p
         if let schema { store.setSchema(schema) }
         seq = lastSeq
+        // What changed before this process started is not known per record.
+        versions.floor = lastSeq
     }
 
     /// Numbers asked for in one reservation.
@@ -357,11 +359,19 @@ extension Engine {
         // Documents and collections first: evicting them frees their entities.
         for (key, _) in store.documents where keyViews[key] == nil {
             let k = RecordCodec.documentKey(key)
-            if clean(k) && !secondChance(k) { store.evictDocument(key); evicted += 1 }
+            if clean(k) && !secondChance(k) {
+                store.evictDocument(key)
+                versions.forget(document: key, seq: seq)
+                evicted += 1
+            }
         }
         for (name, _) in store.collections where collectionViews[name] == nil {
             let k = RecordCodec.collectionKey(name)
-            if clean(k) && !secondChance(k) { store.setCollection(name, nil); evicted += 1 }
+            if clean(k) && !secondChance(k) {
+                store.setCollection(name, nil)
+                versions.forget(collection: name, seq: seq)
+                evicted += 1
+            }
         }
         // Entities top-down: a record nobody references, then its children become candidates.
         var round = 0
@@ -376,7 +386,10 @@ extension Engine {
                 if candidates.count >= 4096 { break }
             }
             if candidates.isEmpty { break }
-            for id in candidates { store.evictEntity(id) }
+            for id in candidates {
+                store.evictEntity(id)
+                versions.forget(entity: id, seq: seq)
+            }
             evicted += candidates.count
         }
         store.commit()
@@ -505,7 +518,7 @@ extension Engine {
     /// sync acknowledgement): its later lines must not be handed in yet.
     public func isWaiting(_ id: ConnectionID) -> Bool { clients[id]?.isWaiting ?? false }
 
-    public var waitingClientCount: Int { persistence == nil ? 0 : clients.values.reduce(0) { $0 + ($1.isWaiting ? 1 : 0) } }
+    public var waitingClientCount: Int { persistence == nil ? 0 : clients.values.reduce(0) { $0 + ($1.waitingTicket != nil || $1.waitingDurable != nil ? 1 : 0) } }
     public var hasWaitingClients: Bool { waitingClientCount > 0 }
 
     /// At the end of a shutdown that timed out: every waiting request is

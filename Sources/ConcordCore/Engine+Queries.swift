@@ -103,6 +103,7 @@ extension Engine {
             throw ProtocolError(.limitExceeded, "the server already keeps \(configuration.maxQueryViews) live query definitions (--max-query-views); share a definition or drop one")
         }
         let view = QueryView(key: key, spec: spec)
+        view.builtAt = seq
         let tq = typeQueries(spec.type)
         view.index = QueryIndexKey.of(view.condition)
         // Build: candidates from the value index when the view has one.
@@ -399,7 +400,10 @@ extension Engine {
         var out: [(QueryView, [CollectionStep])] = []
         for view in touched {
             queries.heldMembers += (view.count - view.countBefore) * view.weight
-            if let changes = view.takeChanges(current: current) { out.append((view, changes)) }
+            if let changes = view.takeChanges(current: current) {
+                view.changedAt = seq
+                out.append((view, changes))
+            }
         }
         return out
     }

@@ -2,7 +2,9 @@ import ConcordJSON
 import ConcordProtocol
 
 extension Engine {
-    func subscribe(_ c: ClientSession, rid: JSON, name: String, target: SubscribeTarget) throws(ProtocolError) {
+    /// Starts a subscription. With `since` (§3.2), a view nothing of which
+    /// changed after that seq is answered `"unchanged":true` without its value.
+    func subscribe(_ c: ClientSession, rid: JSON, name: String, target: SubscribeTarget, since: Int? = nil) throws(ProtocolError) {
         if c.subs[name] != nil {
             throw ProtocolError(.subExists, "subscription '\(clipID(name))' already exists on this connection")
         }
@@ -15,7 +17,8 @@ extension Engine {
         switch target {
         case .model(let model, let refresh):
             var value = model
-            if refresh {
+            // Resuming: the tree as `refresh` gives it, whether or not it is sent.
+            if refresh || since != nil {
                 value = tree.substituteKnown(model) { store.entity($0) }
             }
             let view = ModelView(tree: value, ids: Set(tree.identities(value).order))
@@ -23,6 +26,10 @@ extension Engine {
             view.sub = s
             for id in view.ids { modelWatchers[id, default: [:]][ObjectIdentifier(view)] = view }
             add(s, to: c)
+            if let n = since, unchangedSince(n, entities: view.ids) {
+                respondUnchanged(c, rid: rid)
+                return
+            }
             respond(c, rid: rid) { w in w.key("model"); w.value(value); w.key("seq"); w.int(seq) }
         case .key(let key):
             let view: KeyView
@@ -36,6 +43,10 @@ extension Engine {
             view.add(s)
             add(s, to: c)
             let v = store.document(key) ?? .null
+            if let n = since, versions.document(key, present: !v.isNull) <= n, unchangedSince(n, entities: tree.identities(v).order) {
+                respondUnchanged(c, rid: rid)
+                return
+            }
             respond(c, rid: rid) { w in w.key("model"); w.value(v); w.key("seq"); w.int(seq) }
         case .ids(let list):
             var unique: [String] = []
@@ -44,6 +55,10 @@ extension Engine {
             let s = SubscriptionRecord(client: c, name: name, kind: .ids(unique))
             for id in unique { idWatchers[id, default: [:]][ObjectIdentifier(s)] = s }
             add(s, to: c)
+            if let n = since, unchangedSince(n, entities: unique.flatMap { [$0] + tree.identities(store.entity($0) ?? .null).order }) {
+                respondUnchanged(c, rid: rid)
+                return
+            }
             respond(c, rid: rid) { w in
                 w.key("models")
                 w.raw("{")
@@ -60,12 +75,32 @@ extension Engine {
             let s = SubscriptionRecord(client: c, name: name, kind: .feed(types: types.map { Set($0) }))
             feeds[ObjectIdentifier(s)] = s
             add(s, to: c)
+            if let n = since {
+                guard let changed = versions.changed(after: n) else {
+                    respond(c, rid: rid) { w in w.key("seq"); w.int(seq); w.key("truncated"); w.raw("true") }
+                    return
+                }
+                let wanted = types.map { Set($0) }
+                for (id, at) in changed where wanted?.contains(Tree.type(of: id)) ?? true {
+                    c.output.write { w in
+                        eventHeader(&w, "entity", s, at)
+                        w.raw(",\"id\":"); w.string(id)
+                        w.raw(",\"model\":"); w.value(store.entity(id) ?? .null)
+                        w.raw(",\"replayed\":true}\n")
+                    }
+                }
+                markDirty(c)
+            }
             respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
         case .query(let spec):
             let view = try queryView(spec)
             let s = SubscriptionRecord(client: c, name: name, kind: .query(view))
             view.add(s)
             add(s, to: c)
+            if let n = since, view.builtAt <= n, view.changedAt <= n {
+                respondUnchanged(c, rid: rid)
+                return
+            }
             let items = queryItems(view)
             respond(c, rid: rid) { w in
                 w.key("items"); w.value(.array(items))
@@ -84,8 +119,23 @@ extension Engine {
             view.add(s)
             add(s, to: c)
             let items = store.collectionItems(collection)
+            if let n = since, versions.collection(collection, present: store.collections[collection] != nil) <= n,
+               unchangedSince(n, entities: items.flatMap { tree.identities($0).order }) {
+                respondUnchanged(c, rid: rid)
+                return
+            }
             respond(c, rid: rid) { w in w.key("items"); w.value(.array(items)); w.key("seq"); w.int(seq) }
         }
+    }
+
+    /// Whether none of these entities changed (or was deleted) after `n`.
+    private func unchangedSince(_ n: Int, entities: some Sequence<String>) -> Bool {
+        for id in entities where versions.entity(id, present: store.entity(id) != nil) > n { return false }
+        return true
+    }
+
+    private func respondUnchanged(_ c: ClientSession, rid: JSON) {
+        respond(c, rid: rid) { w in w.key("unchanged"); w.raw("true"); w.key("seq"); w.int(seq) }
     }
 
     private func add(_ s: SubscriptionRecord, to c: ClientSession) {

@@ -37,6 +37,18 @@ public struct EngineConfiguration: Sendable {
     /// (Engine+Invariants.swift). Default: `CONCORD_INTERNAL_CHECKS` set.
     public var internalChecks = Engine.internalChecksFromEnvironment
     /// Reported by `hello`.
+    /// Mutations the change history keeps (feed replay, §3.2), tombstones
+    /// and the shortest token retention, in mutations.
+    public var historyMutations = 100_000
+    /// Entity changes the history holds in all (its memory bound): past it
+    /// the oldest mutations leave early.
+    public var historyEntities = 1_000_000
+    /// Tokens are remembered at least this long, in seconds (and for the
+    /// last `historyMutations` mutations), within `tokenBytes`.
+    public var tokenRetention = 3600.0
+    /// Memory for remembered tokens (≈ token length + 64 B each): past it
+    /// the oldest are forgotten early.
+    public var tokenBytes = 64 << 20
     public var serverName = "concord-server"
     public var version = "0.1.0"
 
@@ -99,6 +111,8 @@ public final class Engine {
     /// Closed connections whose subscriptions are still being ended, a
     /// slice at a time between turns (deferred work): `closingHead` is next.
     var closingClients: [ClientSession?] = []
+    /// Connections whose head request waits for a `min_seq`.
+    var seqWaiters: [ClientSession] = []
     var closingHead = 0
 
     /// Identity → the model views holding it.
@@ -136,6 +150,9 @@ public final class Engine {
 
     /// The number of the last applied mutation.
     public internal(set) var seq = 0
+    /// Last changes, history and tokens (PROTOCOL §3.2, §4.1).
+    lazy var versions = Versions(historyMutations: configuration.historyMutations, historyEntityLimit: configuration.historyEntities,
+                                 tokenRetention: configuration.tokenRetention, tokenByteLimit: configuration.tokenBytes)
     /// Once set, every request is answered `shutting_down`.
     public var isShuttingDown = false
     /// Seconds on a monotonic clock, for connection ages (`stats` with
@@ -290,7 +307,9 @@ public final class Engine {
             c.backlog.append(parsed)
             return
         }
+        let before = seq
         process(parsed, c)
+        if seq != before && !seqWaiters.isEmpty { wakeSeqWaiters() }
     }
 
     func process(_ parsed: ParsedLine, _ c: ClientSession) {
@@ -316,6 +335,12 @@ public final class Engine {
         }
         if isShuttingDown {
             respondError(c, rid: request.rid, ProtocolError(.shuttingDown, "the server is shutting down"))
+            return
+        }
+        // `min_seq` past what is applied: answered once it is (§8.3).
+        if let m = request.minSeq, m > seq {
+            let timeout = Double(request.timeoutMs ?? 5000) / 1000
+            parkForSeq(c, parsed, rid: request.rid, minSeq: m, deadline: clock() + timeout)
             return
         }
         if persistence != nil {
@@ -348,9 +373,11 @@ public final class Engine {
                 w.raw(",\"max_line_bytes\":"); w.int(configuration.maxLineBytes)
                 w.raw(",\"max_subscriptions\":"); w.int(configuration.maxSubscriptionsPerConnection)
                 w.raw(",\"max_subscriptions_total\":"); w.int(configuration.maxSubscriptions)
+                w.raw(",\"history\":"); w.int(configuration.historyMutations)
                 w.raw("}")
             }
-        case .ping:
+        case .ping, .sync:
+            // On a single server every accepted mutation is applied: `sync` answers at once.
             respond(c, rid: r.rid) { w in w.key("seq"); w.int(seq) }
         case .stats(let listClients, let prometheus):
             respondStats(c, rid: r.rid, clients: listClients, prometheus: prometheus)
@@ -383,7 +410,10 @@ public final class Engine {
                 RecordCodec.writeSchema(&w, store.requiredLists)
             }
         case .subscribe(let name, let target):
-            try subscribe(c, rid: r.rid, name: name, target: target)
+            if let n = r.since, n > seq {
+                throw ProtocolError(.badRequest, "since \(n) is after the last applied seq \(seq)")
+            }
+            try subscribe(c, rid: r.rid, name: name, target: target, since: r.since)
         case .unsubscribe(let name):
             guard let s = c.subs.removeValue(forKey: name) else { throw noSuchSub(name) }
             unregister(s)
@@ -440,6 +470,12 @@ public final class Engine {
         w.string(e.code.rawValue)
         w.raw(",\"message\":")
         w.string(e.message)
+        for (k, v) in e.details {
+            w.raw(",")
+            w.string(k)
+            w.raw(":")
+            w.value(v)
+        }
         w.raw("}}\n")
         c.output.append(w.bytes)
         markDirty(c)

@@ -43,6 +43,10 @@ final class QueryView: SharedView {
     /// Dropped: no longer found by definition, skipped by updates, and being
     /// unfiled from the indexes in slices (Engine+Queries, deferred work).
     var retired = false
+    /// The seq when it was built, and of the last mutation that changed its
+    /// window or count (`since`, §3.2).
+    var builtAt = 0
+    var changedAt = 0
     /// Retired views: the members still to unfile, and how far the value index is.
     var unfiling: Dictionary<String, Member>.Iterator?
     var unfiledValues = 0

@@ -1,3 +1,5 @@
+public import ConcordJSON
+
 /// A wire error code (PROTOCOL.md §7). A struct over a string rather than an
 /// enum so new codes never break exhaustive switches in callers.
 public struct ErrorCode: Hashable, Sendable, CustomStringConvertible {
@@ -35,6 +37,12 @@ public struct ErrorCode: Hashable, Sendable, CustomStringConvertible {
     /// A bug in the server; the request was not applied.
     public static let `internal` = ErrorCode("internal")
 
+    /// A conditional mutation (`if_unchanged_since`, §4.1) found part of what
+    /// it writes changed since; nothing was applied.
+    public static let conflict = ErrorCode("conflict")
+    /// The server cannot do it now (a `min_seq` or `sync` that timed out, §8).
+    public static let unavailable = ErrorCode("unavailable")
+
     /// Not in PROTOCOL.md §7: sent (without a `rid`, before the connection is
     /// closed) to a peer whose uid and gid are outside `--allow-uid` /
     /// `--allow-gid` (docs/PROTOCOL.md, "Connections").
@@ -43,7 +51,7 @@ public struct ErrorCode: Hashable, Sendable, CustomStringConvertible {
     /// Every code the server sends, §7 order, then `forbidden`.
     public static let all: [ErrorCode] = [
         .parseError, .badRequest, .unknownOp, .tooLarge, .tooDeep, .subExists, .noSuchSub, .badIndex,
-        .notEntity, .limitExceeded, .cacheError, .shuttingDown, .internal, .forbidden,
+        .notEntity, .limitExceeded, .cacheError, .shuttingDown, .internal, .conflict, .unavailable, .forbidden,
     ]
 }
 
@@ -53,11 +61,14 @@ public struct ProtocolError: Error, Sendable, CustomStringConvertible {
     public var code: ErrorCode
     /// The sentence sent as `error.message`.
     public var message: String
+    /// More members of the `error` object (a conflict's `seq` and `conflicts`).
+    public var details: [(String, JSON)] = []
 
     /// An error to answer a request with.
-    public init(_ code: ErrorCode, _ message: String) {
+    public init(_ code: ErrorCode, _ message: String, details: [(String, JSON)] = []) {
         self.code = code
         self.message = message
+        self.details = details
     }
 
     /// `code: message`.
@@ -65,6 +76,6 @@ public struct ProtocolError: Error, Sendable, CustomStringConvertible {
 
     /// The same error with `prefix` put before its message (`ops[3]: ...`).
     public func prefixed(_ prefix: String) -> ProtocolError {
-        ProtocolError(code, "\(prefix): \(message)")
+        ProtocolError(code, "\(prefix): \(message)", details: details)
     }
 }

@@ -7,12 +7,25 @@ public struct Request: Sendable {
     public var rid: JSON
     /// What the request asks for.
     public var op: Operation
+    /// `since` of a subscribe (§3.2): the seq the client's copy of the view is as of.
+    public var since: Int?
+    /// `min_seq` of `get`, `subscribe` and `ping` (§8.3): answered once this
+    /// server has applied through that seq.
+    public var minSeq: Int?
+    /// `timeout_ms` of `sync` and of a request with `min_seq` (default 5 s).
+    public var timeoutMs: Int?
 
     /// A decoded request.
-    public init(rid: JSON, op: Operation) {
+    public init(rid: JSON, op: Operation, since: Int? = nil, minSeq: Int? = nil, timeoutMs: Int? = nil) {
         self.rid = rid
         self.op = op
+        self.since = since
+        self.minSeq = minSeq
+        self.timeoutMs = timeoutMs
     }
+
+    /// The longest `token` a mutation may carry, in bytes (§4.1).
+    public static let maxTokenBytes = 128
 }
 
 /// Every operation of PROTOCOL.md §2–§5, with its members decoded.
@@ -38,6 +51,9 @@ public enum Operation: Sendable {
     case stats(clients: Bool, prometheus: Bool)
     /// A change: applied in the one total order, answered with its `seq`.
     case mutation(Mutation, MutationOptions)
+    /// Answered once every mutation accepted before it is applied (§8.3);
+    /// on a single server, at once.
+    case sync
 }
 
 extension Operation {
@@ -46,7 +62,7 @@ extension Operation {
     public static let metricNames = [
         "hello", "ping", "get", "subscribe", "unsubscribe", "pause", "resume", "schema", "stats",
         "update", "delete", "batch", "collection.set", "collection.insert", "collection.remove",
-        "collection.delete", "clear",
+        "collection.delete", "clear", "sync",
     ]
 
     /// This operation's position in ``metricNames``.
@@ -61,6 +77,7 @@ extension Operation {
         case .resume: 6
         case .schema: 7
         case .stats: 8
+        case .sync: 17
         case .mutation(let m, _):
             switch m {
             case .update: 9
@@ -107,11 +124,17 @@ public struct MutationOptions: Sendable {
     public var context: JSON?
     /// `origin`: the sender's subscription that is not told of this write.
     public var origin: String?
+    /// `if_unchanged_since` (§4.1): applied only if nothing it writes changed after this seq.
+    public var ifUnchangedSince: Int?
+    /// `token` (§4.1): a retry with the same token is answered, not applied again.
+    public var token: String?
 
     /// Options of one mutation.
-    public init(context: JSON? = nil, origin: String? = nil) {
+    public init(context: JSON? = nil, origin: String? = nil, ifUnchangedSince: Int? = nil, token: String? = nil) {
         self.context = context
         self.origin = origin
+        self.ifUnchangedSince = ifUnchangedSince
+        self.token = token
     }
 }
 
@@ -159,7 +182,19 @@ extension Request {
             throw ProtocolError(.badRequest, "member 'rid' must be a scalar (string, number, boolean or null)")
         }
         let op = try decodeOperation(object, idKey: idKey)
-        return Request(rid: rid, op: op)
+        let r = Members(object)
+        var request = Request(rid: rid, op: op)
+        request.timeoutMs = try r.optionalCount("timeout_ms")
+        switch op {
+        case .subscribe:
+            request.since = try r.optionalCount("since")
+            request.minSeq = try r.optionalCount("min_seq")
+        case .get, .ping:
+            request.minSeq = try r.optionalCount("min_seq")
+        default:
+            break
+        }
+        return request
     }
 
     static let mutationOps: Set<String> = [
@@ -174,6 +209,8 @@ extension Request {
             return .hello(client: try r.optionalString("client"))
         case "ping":
             return .ping
+        case "sync":
+            return .sync
         case "stats":
             return .stats(clients: try r.optionalBool("clients") ?? false,
                           prometheus: try r.optionalBool("prometheus") ?? false)
@@ -202,7 +239,12 @@ extension Request {
     }
 
     static func decodeOptions(_ r: Members) throws(ProtocolError) -> MutationOptions {
-        MutationOptions(context: r.object["context"], origin: try r.optionalSubName("origin"))
+        let token = try r.optionalString("token")
+        if let token, token.utf8.count > Request.maxTokenBytes {
+            throw ProtocolError(.badRequest, "member 'token' is \(token.utf8.count) bytes; at most \(Request.maxTokenBytes)")
+        }
+        return MutationOptions(context: r.object["context"], origin: try r.optionalSubName("origin"),
+                               ifUnchangedSince: try r.optionalCount("if_unchanged_since"), token: token)
     }
 
     static func decodeGet(_ r: Members) throws(ProtocolError) -> GetTarget {
@@ -411,6 +453,15 @@ struct Members {
         guard let v = object[name], !v.isNull else { return nil }
         guard case .bool(let b) = v else { throw ProtocolError(.badRequest, "member '\(name)' must be true or false") }
         return b
+    }
+
+    /// A seq or a count: an integer ≥ 0.
+    func optionalCount(_ name: String) throws(ProtocolError) -> Int? {
+        guard let v = object[name], !v.isNull else { return nil }
+        guard case .number(let n) = v, let i = n.intValue, i >= 0 else {
+            throw ProtocolError(.badRequest, "member '\(name)' must be an integer ≥ 0")
+        }
+        return i
     }
 
     func optionalInt(_ name: String) throws(ProtocolError) -> Int? {

@@ -181,7 +181,9 @@ final class Sequencer: @unchecked Sendable {
         while true {
             condition.lock()
             while inbox.isEmpty && !hasRunnableLane && !engine.hasDeferredWork {
-                if (shutdownDeadline != nil && !drainedSent) || (failingSince != nil && (engine.hasWaitingClients || !held.isEmpty)) {
+                // Requests waiting for a `min_seq` time out: look every 50 ms.
+                if (shutdownDeadline != nil && !drainedSent) || (failingSince != nil && (engine.hasWaitingClients || !held.isEmpty))
+                    || engine.hasSeqWaiters {
                     condition.wait(seconds: 0.05)
                     break
                 }
@@ -212,6 +214,7 @@ final class Sequencer: @unchecked Sendable {
                 while engine.doDeferredWork(units: 2048) && monotonicSeconds() < until {}
             }
             checkSyncTimeout()
+            engine.expireSeqWaits()
             let drained = checkShutdown()
             if engine.memoryLimit > 0 {
                 let n = engine.evictIfOverLimit(bytesInUse: AllocatorStats.allocatedBytes)

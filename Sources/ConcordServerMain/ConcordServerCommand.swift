@@ -106,6 +106,18 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(help: "Entities all live query views may hold together (a view holds every match, not only its window); a new view past it gets limit_exceeded.")
     var maxQueryEntities: Int = Self.defaults.engine.maxQueryEntities
 
+    @Option(help: "Mutations the change history keeps: a feed subscribed with since replays from it, deleted names keep their seq that long, and tokens are remembered at least that long.")
+    var historyMutations: Int = Self.defaults.engine.historyMutations
+
+    @Option(help: "Entity changes the history holds in all (its memory bound, ~24 B each); past it the oldest mutations leave the history early.")
+    var historyEntities: Int = Self.defaults.engine.historyEntities
+
+    @Option(help: "Seconds a mutation's token is remembered at least (and for --history-mutations mutations), within --token-memory.")
+    var tokenRetention: Double = Self.defaults.engine.tokenRetention
+
+    @Option(help: "Bytes for remembered tokens (~ token length + 64 B each); past it the oldest are forgotten early.")
+    var tokenMemory: Int = Self.defaults.engine.tokenBytes
+
     @Option(help: "Serve Prometheus metrics over HTTP at HOST:PORT/metrics, e.g. 127.0.0.1:9464 (off by default; keep it on loopback).")
     var metrics: String?  // ServerConfiguration.metricsAddress: nil, off
 
@@ -144,6 +156,10 @@ struct ConcordServerCommand: ParsableCommand {
         if let m = cacheMaxBytes, m < 0 { throw ValidationError("--cache-max-bytes must not be negative") }
         if maxQueryViews < 1 { throw ValidationError("--max-query-views must be at least 1") }
         if maxQueryEntities < 1 { throw ValidationError("--max-query-entities must be at least 1") }
+        if historyMutations < 1 { throw ValidationError("--history-mutations must be at least 1") }
+        if historyEntities < 1 { throw ValidationError("--history-entities must be at least 1") }
+        if tokenRetention < 0 { throw ValidationError("--token-retention must not be negative") }
+        if tokenMemory < 0 { throw ValidationError("--token-memory must not be negative") }
         if let m = metrics, MetricsAddress.parse(m) == nil {
             throw ValidationError("--metrics must be HOST:PORT with a numeric address, e.g. 127.0.0.1:9464 or [::1]:9464")
         }
@@ -208,6 +224,10 @@ struct ConcordServerCommand: ParsableCommand {
         config.engine.maxSubscriptions = maxSubscriptions
         config.engine.maxQueryViews = maxQueryViews
         config.engine.maxQueryEntities = maxQueryEntities
+        config.engine.historyMutations = historyMutations
+        config.engine.historyEntities = historyEntities
+        config.engine.tokenRetention = tokenRetention
+        config.engine.tokenBytes = tokenMemory
 
         config.cache = cache
         config.cacheConfig = try mergedCacheConfig()

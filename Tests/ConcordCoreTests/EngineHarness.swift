@@ -98,6 +98,18 @@ final class TestConn {
         return responses.removeLast()
     }
 
+    /// Sends one line that may not be answered at once (a `min_seq` wait).
+    func post(_ line: String) {
+        harness.engine.handleLine(Array(line.utf8), from: id)
+        harness.pump()
+    }
+
+    /// Takes the responses received so far.
+    func takeResponses() -> [JSON] {
+        defer { responses = [] }
+        return responses
+    }
+
     /// Sends and requires `ok: true`.
     @discardableResult
     func ok(_ line: String, sourceLocation: SourceLocation = #_sourceLocation) -> JSON {

@@ -1,0 +1,198 @@
+import ConcordJSON
+import ConcordProtocol
+
+/// What the core remembers of the order of changes, for PROTOCOL.md §3.2 and
+/// §4.1: the seq of the last change of every entity, document and
+/// collection (a delete included), a bounded history of which entities each
+/// recent mutation changed (feed replay), and the tokens of recent accepted
+/// mutations (retries answered, not applied again).
+///
+/// "Changed" is the record: an entity, document or collection changes when
+/// a mutation writes it (as the request gives it) to a different value, or
+/// deletes it — not when it is rewritten as a consequence (a holder of a
+/// changed entity). A view's "changed since" looks at every entity it
+/// shows, so nothing it shows can change unnoticed. A deleted name keeps
+/// its seq (a tombstone) for the history window; after that it reads as
+/// never written. A record whose last change is not known — present before
+/// this process started, or read back from the cache after it was evicted —
+/// reads as changed at `floor` (the seq when that knowledge was lost), which
+/// can only make a conditional write conflict, never let a stale one through.
+final class Versions {
+    /// Name → seq of its last change (present or deleted).
+    var entities: [String: Int] = [:]
+    var documents: [String: Int] = [:]
+    var collections: [String: Int] = [:]
+    /// Present records without an entry changed at this seq or before.
+    var floor = 0
+    /// Absent names without an entry: changed at this seq (a `clear`), else never.
+    var clearedAt = 0
+
+    /// Deletes, oldest first, so tombstones leave with the history window.
+    private var tombstones: [(seq: Int, kind: UInt8, name: String)] = []
+    private var tombstonesHead = 0
+
+    /// Per recent mutation, the entities it changed (for `feed` with `since`).
+    private(set) var history: [(seq: Int, ids: [String])] = []
+    private var historyHead = 0
+    /// Entity names held by `history`.
+    private(set) var historyEntities = 0
+    /// Replay reaches back to seqs greater than this.
+    private(set) var historyFloor = 0
+
+    /// Token → the seq it was accepted with; in acceptance order for expiry.
+    private(set) var tokens: [String: Int] = [:]
+    private var tokenOrder: [(seq: Int, at: Double, token: String)] = []
+    private var tokenHead = 0
+    private(set) var tokenBytes = 0
+
+    let historyMutations: Int
+    let historyEntityLimit: Int
+    let tokenRetention: Double
+    let tokenByteLimit: Int
+
+    init(historyMutations: Int, historyEntityLimit: Int, tokenRetention: Double, tokenByteLimit: Int) {
+        self.historyMutations = historyMutations
+        self.historyEntityLimit = historyEntityLimit
+        self.tokenRetention = tokenRetention
+        self.tokenByteLimit = tokenByteLimit
+    }
+
+    // MARK: Reading
+
+    func entity(_ id: String, present: Bool) -> Int { entities[id] ?? (present ? floor : clearedAt) }
+    func document(_ key: String, present: Bool) -> Int { documents[key] ?? (present ? floor : clearedAt) }
+    func collection(_ name: String, present: Bool) -> Int { collections[name] ?? (present ? floor : clearedAt) }
+
+    // MARK: Recording
+
+    /// Notes what mutation `seq` changed (after it was applied): the
+    /// entities it wrote whose value changed, what it deleted (cascades
+    /// included), the keys and collections it wrote that changed.
+    func record(seq: Int, written: some Sequence<String>, change: StoreChange, keys: [String], collections written_: [String],
+                collectionChanged: (String) -> Bool, store: Store) {
+        var ids: [String] = []
+        for id in written where change.valueChanged.contains(id) && entities[id] != seq {
+            entities[id] = seq
+            ids.append(id)
+        }
+        for id in change.deleted where entities[id] != seq {
+            entities[id] = seq
+            ids.append(id)
+            if store.entity(id) == nil { tombstones.append((seq, 0, id)) }
+        }
+        for key in keys where change.documentsChanged.contains(key) { documents[key] = seq }
+        for key in change.documentsDeleted {
+            documents[key] = seq
+            if store.document(key) == nil { tombstones.append((seq, 1, key)) }
+        }
+        for name in written_ where collectionChanged(name) { collections[name] = seq }
+        for name in change.collectionsDeleted {
+            collections[name] = seq
+            if store.collections[name] == nil { tombstones.append((seq, 2, name)) }
+        }
+        if !ids.isEmpty {
+            history.append((seq, ids))
+            historyEntities += ids.count
+        }
+        trim(seq: seq)
+    }
+
+    /// Remembers an accepted mutation's token.
+    func remember(token: String, seq: Int, now: Double) {
+        tokens[token] = seq
+        tokenOrder.append((seq, now, token))
+        tokenBytes += token.utf8.count + 64
+    }
+
+    /// Expires tokens older than both windows (the last `historyMutations`
+    /// mutations and `tokenRetention` seconds), or the oldest beyond the byte limit.
+    func expireTokens(seq: Int, now: Double) {
+        while tokenHead < tokenOrder.count {
+            let t = tokenOrder[tokenHead]
+            let old = t.seq <= seq - historyMutations && t.at < now - tokenRetention
+            guard old || tokenBytes > tokenByteLimit else { break }
+            if tokens[t.token] == t.seq { tokens[t.token] = nil }
+            tokenBytes -= t.token.utf8.count + 64
+            tokenHead += 1
+        }
+        if tokenHead > 1024 && tokenHead * 2 > tokenOrder.count {
+            tokenOrder.removeFirst(tokenHead)
+            tokenHead = 0
+        }
+    }
+
+    /// Drops history past its bounds, and tombstones older than the history window.
+    private func trim(seq: Int) {
+        while historyHead < history.count,
+              history[historyHead].seq <= seq - historyMutations || historyEntities > historyEntityLimit {
+            historyFloor = history[historyHead].seq
+            historyEntities -= history[historyHead].ids.count
+            history[historyHead].ids = []
+            historyHead += 1
+        }
+        if historyHead > 1024 && historyHead * 2 > history.count {
+            history.removeFirst(historyHead)
+            historyHead = 0
+        }
+        while tombstonesHead < tombstones.count, tombstones[tombstonesHead].seq <= seq - historyMutations {
+            let t = tombstones[tombstonesHead]
+            switch t.kind {
+            case 0: if entities[t.name] == t.seq { entities[t.name] = nil }
+            case 1: if documents[t.name] == t.seq { documents[t.name] = nil }
+            default: if collections[t.name] == t.seq { collections[t.name] = nil }
+            }
+            tombstonesHead += 1
+        }
+        if tombstonesHead > 1024 && tombstonesHead * 2 > tombstones.count {
+            tombstones.removeFirst(tombstonesHead)
+            tombstonesHead = 0
+        }
+    }
+
+    /// The entities changed after `since` (each once, with its last seq, in
+    /// seq order), or nil when the history no longer reaches back that far.
+    func changed(after since: Int) -> [(id: String, seq: Int)]? {
+        guard since >= historyFloor else { return nil }
+        var last: [String: Int] = [:]
+        var order: [String] = []
+        // Newest first finds each entity's last change once.
+        var i = history.count - 1
+        while i >= historyHead, history[i].seq > since {
+            for id in history[i].ids where last[id] == nil {
+                last[id] = history[i].seq
+                order.append(id)
+            }
+            i -= 1
+        }
+        return order.map { ($0, last[$0]!) }.sorted { $0.seq != $1.seq ? $0.seq < $1.seq : QueryEval.compareStrings($0.id, $1.id) < 0 }
+    }
+
+    /// A record's seq is no longer known (evicted from memory).
+    func forget(entity id: String, seq: Int) {
+        if entities.removeValue(forKey: id) != nil { floor = max(floor, seq) }
+    }
+
+    func forget(document key: String, seq: Int) {
+        if documents.removeValue(forKey: key) != nil { floor = max(floor, seq) }
+    }
+
+    func forget(collection name: String, seq: Int) {
+        if collections.removeValue(forKey: name) != nil { floor = max(floor, seq) }
+    }
+
+    /// Everything was removed by `clear` at `seq`.
+    func cleared(seq: Int) {
+        entities = [:]
+        documents = [:]
+        collections = [:]
+        tombstones = []
+        tombstonesHead = 0
+        clearedAt = seq
+        floor = seq
+    }
+
+    /// Approximate bytes held (stats).
+    var approximateBytes: Int {
+        (entities.count + documents.count + collections.count) * 48 + historyEntities * 24 + (history.count - historyHead) * 32 + tokenBytes
+    }
+}
