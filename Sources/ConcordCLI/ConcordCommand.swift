@@ -347,6 +347,8 @@ struct Subscribe: AsyncParsableCommand {
             e["code"] = .string(error.code.rawValue)
             e["message"] = .string(error.message)
             return [obj([("event", "delete"), ("sub", .string(sub)), ("seq", .int(seq)), ("error", .object(e))])]
+        case .truncated(let seq):
+            return [obj([("event", "truncated"), ("sub", .string(sub)), ("seq", .int(seq))])]
         case .resynced(let seq, let state):
             return [obj([("event", "resynced"), ("sub", .string(sub)), ("seq", .int(seq)), ("state", state)])]
         }

@@ -318,7 +318,7 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
                 context = ctx
                 subscription = nil
                 reopen = true
-            case .update, .entities, .query, .failed:  // only query views end with an error
+            case .update, .entities, .query, .failed, .truncated:  // only query views end with an error; only feeds are truncated
                 break
             }
         }

@@ -147,72 +147,115 @@ extension ConcordClient {
     /// nothing is applied without events unless `force` is set.
     @discardableResult
     public func update(_ model: JSON, key: String? = nil, merge: Bool = false, force: Bool = false,
-                       context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation(.update(model: model, key: key, mode: merge ? .merge : .replace, force: force), context: context, origin: origin)
+                       context: JSON? = nil, origin: String? = nil,
+                       ifUnchangedSince: Int? = nil, token: String? = nil) async throws -> Int {
+        try await mutation(.update(model: model, key: key, mode: merge ? .merge : .replace, force: force), context: context, origin: origin,
+                           ifUnchangedSince: ifUnchangedSince, token: token)
     }
 
     /// Deletes an entity: it disappears from every document, collection and
     /// query that held it, and `ids` subscriptions see it deleted.
     @discardableResult
-    public func delete(id: String, context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation(.deleteEntity(id), context: context, origin: origin)
+    public func delete(id: String, context: JSON? = nil, origin: String? = nil,
+                       ifUnchangedSince: Int? = nil, token: String? = nil) async throws -> Int {
+        try await mutation(.deleteEntity(id), context: context, origin: origin,
+                           ifUnchangedSince: ifUnchangedSince, token: token)
     }
 
     /// Deletes the document under `key`; its subscribers see `null`.
     @discardableResult
-    public func delete(key: String, context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation(.deleteKey(key), context: context, origin: origin)
+    public func delete(key: String, context: JSON? = nil, origin: String? = nil,
+                       ifUnchangedSince: Int? = nil, token: String? = nil) async throws -> Int {
+        try await mutation(.deleteKey(key), context: context, origin: origin,
+                           ifUnchangedSince: ifUnchangedSince, token: token)
     }
 
     /// Applies the ops atomically under one `seq`: all of them or, when one
     /// is refused, none. Each view sees one event for the whole batch.
     @discardableResult
-    public func batch(_ ops: [BatchOperation], context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation(.batch(ops.map(\.mutation)), context: context, origin: origin)
+    public func batch(_ ops: [BatchOperation], context: JSON? = nil, origin: String? = nil,
+                       ifUnchangedSince: Int? = nil, token: String? = nil) async throws -> Int {
+        try await mutation(.batch(ops.map(\.mutation)), context: context, origin: origin,
+                           ifUnchangedSince: ifUnchangedSince, token: token)
     }
 
     /// Replaces the items of collection `name` (creating it).
     @discardableResult
-    public func collectionSet(_ name: String, items: [JSON], context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation(.collectionSet(name: name, items: items), context: context, origin: origin)
+    public func collectionSet(_ name: String, items: [JSON], context: JSON? = nil, origin: String? = nil,
+                       ifUnchangedSince: Int? = nil, token: String? = nil) async throws -> Int {
+        try await mutation(.collectionSet(name: name, items: items), context: context, origin: origin,
+                           ifUnchangedSince: ifUnchangedSince, token: token)
     }
 
     /// Inserts items into collection `name` at `index` (appends when nil);
     /// subscribers get the index changes (PROTOCOL.md §5).
     @discardableResult
-    public func collectionInsert(_ name: String, items: [JSON], at index: Int? = nil, context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation(.collectionInsert(name: name, index: index, items: items), context: context, origin: origin)
+    public func collectionInsert(_ name: String, items: [JSON], at index: Int? = nil, context: JSON? = nil, origin: String? = nil,
+                       ifUnchangedSince: Int? = nil, token: String? = nil) async throws -> Int {
+        try await mutation(.collectionInsert(name: name, index: index, items: items), context: context, origin: origin,
+                           ifUnchangedSince: ifUnchangedSince, token: token)
     }
 
     /// Removes `count` items of collection `name` starting at `index`.
     @discardableResult
-    public func collectionRemove(_ name: String, at index: Int, count: Int = 1, context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation(.collectionRemoveAt(name: name, index: index, count: count), context: context, origin: origin)
+    public func collectionRemove(_ name: String, at index: Int, count: Int = 1, context: JSON? = nil, origin: String? = nil,
+                       ifUnchangedSince: Int? = nil, token: String? = nil) async throws -> Int {
+        try await mutation(.collectionRemoveAt(name: name, index: index, count: count), context: context, origin: origin,
+                           ifUnchangedSince: ifUnchangedSince, token: token)
     }
 
     /// Removes the items of collection `name` whose ids are listed.
     @discardableResult
-    public func collectionRemove(_ name: String, ids: [String], context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation(.collectionRemoveIDs(name: name, ids: ids), context: context, origin: origin)
+    public func collectionRemove(_ name: String, ids: [String], context: JSON? = nil, origin: String? = nil,
+                       ifUnchangedSince: Int? = nil, token: String? = nil) async throws -> Int {
+        try await mutation(.collectionRemoveIDs(name: name, ids: ids), context: context, origin: origin,
+                           ifUnchangedSince: ifUnchangedSince, token: token)
     }
 
     /// Deletes collection `name`; its subscribers see it end empty.
     @discardableResult
-    public func collectionDelete(_ name: String, context: JSON? = nil, origin: String? = nil) async throws -> Int {
-        try await mutation(.collectionDelete(name: name), context: context, origin: origin)
+    public func collectionDelete(_ name: String, context: JSON? = nil, origin: String? = nil,
+                       ifUnchangedSince: Int? = nil, token: String? = nil) async throws -> Int {
+        try await mutation(.collectionDelete(name: name), context: context, origin: origin,
+                           ifUnchangedSince: ifUnchangedSince, token: token)
     }
 
     /// Removes everything (the schema stays); every subscription everywhere ends.
     @discardableResult
-    public func clear(context: JSON? = nil) async throws -> Int {
-        try await mutation(.clear, context: context, origin: nil)
+    public func clear(context: JSON? = nil, ifUnchangedSince: Int? = nil, token: String? = nil) async throws -> Int {
+        try await mutation(.clear, context: context, origin: nil, ifUnchangedSince: ifUnchangedSince, token: token)
     }
 
     /// Sends one mutation, encoded by `ConcordProtocol`, and returns its `seq`.
-    func mutation(_ m: Mutation, context: JSON?, origin: String?) async throws -> Int {
+    ///
+    /// Every mutation carries a token (`token`, else a new random one). When
+    /// the connection drops before the answer, the client reconnects and
+    /// sends the same request again with the same token: the server applies
+    /// it at most once and answers the real outcome (PROTOCOL §4.1), for up
+    /// to `configuration.retryTimeout`. With `ifUnchangedSince`, a write whose
+    /// entities, keys or collections changed after that seq is refused with
+    /// `conflict` (``ConcordError/conflict`` says what changed).
+    func mutation(_ m: Mutation, context: JSON?, origin: String?, ifUnchangedSince: Int? = nil, token: String? = nil) async throws -> Int {
         var o = m.requestObject()
-        MutationOptions(context: context, origin: origin).encode(into: &o)
-        let r = try await request(o)
-        return r["seq"]?.numberValue?.intValue ?? 0
+        MutationOptions(context: context, origin: origin, ifUnchangedSince: ifUnchangedSince,
+                        token: token ?? Self.newToken()).encode(into: &o)
+        let deadline = ContinuousClock.now + configuration.retryTimeout
+        while true {
+            let generation = connectionGeneration
+            do {
+                let r = try await request(o)
+                return r["seq"]?.numberValue?.intValue ?? 0
+            } catch let e as ConcordError where e.code == .disconnected {
+                guard await waitForReconnect(after: generation, until: deadline) else { throw e }
+            }
+        }
+    }
+
+    /// 128 random bits as hex: unique enough that two clients never share one.
+    static func newToken() -> String {
+        var g = SystemRandomNumberGenerator()
+        let a = g.next() as UInt64, b = g.next() as UInt64
+        let hex = String(a, radix: 16) + "-" + String(b, radix: 16)
+        return "c-" + hex
     }
 }

@@ -42,6 +42,10 @@ public final class ConcordClient: @unchecked Sendable {
         public var initialBackoff: Duration = .milliseconds(50)
         /// The longest wait between reconnection attempts (the wait doubles from `initialBackoff` up to it).
         public var maxBackoff: Duration = .seconds(2)
+        /// How long a mutation whose answer was lost with the connection is
+        /// retried (with its token, so it applies once) before it throws
+        /// `.disconnected`.
+        public var retryTimeout: Duration = .seconds(10)
 
         /// Settings for `socketPath` (nil: the default socket), other members at their defaults.
         public init(socketPath: String? = nil) {
@@ -65,6 +69,8 @@ public final class ConcordClient: @unchecked Sendable {
         var subscriptions: [String: SubscriptionState] = [:]
         var nextSubscription = 1
         var serverInfo: ServerInfo?
+        /// The connection generation whose subscriptions are re-established.
+        var resynced = 0
     }
 
     /// Server facts from `hello`.
@@ -144,6 +150,8 @@ public final class ConcordClient: @unchecked Sendable {
             state.fd = fd
             state.connected = true
             state.generation += 1
+            // The first connection has nothing to re-establish.
+            if state.generation == 1 { state.resynced = 1 }
             return state.generation
         }
         let reader = Thread { [self] in self.readLoop(fd: fd, generation: generation) }
@@ -193,7 +201,13 @@ public final class ConcordClient: @unchecked Sendable {
         if o["ok"] == .bool(true) { return o }
         let code = o["error"]?["code"]?.stringValue ?? "internal"
         let message = o["error"]?["message"]?.stringValue ?? ""
-        throw ConcordError(ConcordError.Code(code), message)
+        var error = ConcordError(ConcordError.Code(code), message)
+        if error.code == .conflict, let e = o["error"]?.objectValue {
+            func names(_ k: String) -> [String] { e["conflicts"]?[k]?.arrayValue?.compactMap(\.stringValue) ?? [] }
+            error.conflict = ConcordError.Conflict(seq: e["seq"]?.numberValue?.intValue ?? 0, entities: names("entities"),
+                                                   keys: names("keys"), collections: names("collections"))
+        }
+        throw error
     }
 
     func op(_ name: String, _ members: [(String, JSON?)] = []) async throws -> JSONObject {
@@ -340,14 +354,42 @@ public final class ConcordClient: @unchecked Sendable {
 
     /// Re-establishes every subscription on a fresh connection and tells each one.
     private func resynchronize() async {
+        let generation = lock.withLock { state.generation }
+        defer { lock.withLock { state.resynced = max(state.resynced, generation) } }
         _ = try? await hello()
         let subs = lock.withLock { Array(state.subscriptions.values) }
         for s in subs {
             do {
                 var o = s.subscribeRequest(resync: true)
                 o["op"] = "subscribe"
-                let r = try await request(o)
+                // Only what changed while away (§3.2): a view that did not
+                // change keeps its value; a feed gets what it missed replayed.
+                let since = s.seenSeq
+                o["since"] = .int(since)
+                let r: JSONObject
+                do {
+                    r = try await request(o)
+                } catch let e as ConcordError where e.code == .badRequest {
+                    // The server is behind what we saw (it restarted without its state): start over.
+                    o["since"] = nil
+                    r = try await request(o)
+                }
                 let seq = r["seq"]?.numberValue?.intValue ?? 0
+                if r["unchanged"] == .bool(true) {
+                    s.noteSeq(seq)
+                    if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
+                    continue
+                }
+                if r["truncated"] == .bool(true) {
+                    s.yield(.truncated(seq: seq))
+                    if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
+                    continue
+                }
+                if case .feed = s.targetSnapshot {
+                    s.noteSeq(seq)
+                    if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
+                    continue
+                }
                 var stateValue = r["model"] ?? r["items"] ?? r["models"] ?? .null
                 // A query's state is its window and its count.
                 if let count = r["count"] { stateValue = ["items": stateValue, "count": count] }
@@ -387,4 +429,22 @@ public final class ConcordClient: @unchecked Sendable {
 
     /// True while a connection to the server is up.
     public var isConnected: Bool { lock.withLock { state.connected } }
+
+    /// Waits until a new connection is up and its subscriptions are back
+    /// (so a retried mutation's `origin` exists again); false at the
+    /// deadline or when the client is closed or does not reconnect.
+    func waitForReconnect(after generation: Int, until deadline: ContinuousClock.Instant) async -> Bool {
+        while ContinuousClock.now < deadline {
+            let (ready, over) = lock.withLock { () -> (Bool, Bool) in
+                (state.connected && state.generation > generation && state.resynced >= state.generation,
+                 state.closed || !configuration.reconnect)
+            }
+            if ready { return true }
+            if over { return false }
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+        return false
+    }
+
+    var connectionGeneration: Int { lock.withLock { state.generation } }
 }

@@ -15,6 +15,26 @@ public struct ConcordError: Error, Sendable, CustomStringConvertible, Equatable 
     public var code: Code
     /// A sentence for people; match on ``code``, not on this.
     public var message: String
+    /// For `conflict` (a conditional write found what it writes changed, PROTOCOL §4.1): what changed.
+    public var conflict: Conflict?
+
+    /// What a conditional write found changed since the seq it was based on.
+    public struct Conflict: Sendable, Equatable {
+        /// The latest seq among the changes: read again, then retry with it.
+        public var seq: Int
+        /// The names that changed (at most 100 in all).
+        public var entities: [String]
+        public var keys: [String]
+        public var collections: [String]
+
+        /// A conflict as the server reports it.
+        public init(seq: Int, entities: [String], keys: [String], collections: [String]) {
+            self.seq = seq
+            self.entities = entities
+            self.keys = keys
+            self.collections = collections
+        }
+    }
 
     /// An error with this code and message.
     public init(_ code: Code, _ message: String) {

@@ -142,7 +142,7 @@ public final class DataProvider<Model: ConcordModel>: @unchecked Sendable {
                 subscription = nil
             }
             update = ProviderUpdate(model: nil, context: context)
-        case .entities, .collection, .query, .failed:  // only query views end with an error
+        case .entities, .collection, .query, .failed, .truncated:  // only query views end with an error; only feeds are truncated
             update = nil
         }
         if let update { continuation.yield(update) }

@@ -159,7 +159,7 @@ public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
                 continuation.yield(QueryProviderUpdate(changes: [.reset], count: 0, context: nil, data: [], error: error))
                 continuation.finish()
                 return
-            case .update, .entities, .collection:
+            case .update, .entities, .collection, .truncated:
                 return
             }
             continuation.yield(QueryProviderUpdate(changes: out, count: matching, context: ctx, data: models))

@@ -98,12 +98,17 @@ public enum ConcordEvent: Sendable {
     /// whole current state (`model`, `items` or `models`, as a subscribe
     /// answers; for a query `{"items":[…],"count":n}`).
     case resynced(seq: Int, state: JSON)
+    /// After a reconnection, a `feed`: the server's change history no longer
+    /// reaches back to the last event received, so changes in between were
+    /// missed; the feed runs on from `seq`. Rebuild what depends on it
+    /// another way (read it again).
+    case truncated(seq: Int)
 
     /// The `seq` of the mutation this event shows (or the state is as of).
     public var seq: Int {
         switch self {
         case .update(let s, _, _, _, _), .entities(let s, _, _), .collection(let s, _, _), .query(let s, _, _, _), .ended(let s, _),
-             .failed(let s, _), .resynced(let s, _):
+             .failed(let s, _), .resynced(let s, _), .truncated(let s):
             return s
         }
     }
@@ -116,6 +121,9 @@ final class SubscriptionState: @unchecked Sendable {
     private let lock = NSLock()
     private var target: SubscriptionTarget
     private var paused = false
+    /// The greatest seq of a response or event received for this view: a
+    /// resubscription asks for what changed after it (`since`, §3.2).
+    private var lastSeq = 0
     let continuation: AsyncStream<ConcordEvent>.Continuation
     /// When set, events go here, synchronously on the reader thread, instead
     /// of the stream (providers use it to apply events in exact order).
@@ -130,6 +138,7 @@ final class SubscriptionState: @unchecked Sendable {
     }
 
     func yield(_ e: ConcordEvent) {
+        noteSeq(e.seq)
         // A model view's copy follows its events, so a resubscription starts from what we hold.
         if case .update(_, let model?, _, _, _) = e {
             lock.withLock { if case .model = target { target = .model(model, refresh: true) } }
@@ -139,9 +148,15 @@ final class SubscriptionState: @unchecked Sendable {
 
     func finish() { continuation.finish() }
 
+    func noteSeq(_ seq: Int) { lock.withLock { lastSeq = max(lastSeq, seq) } }
+
+    var seenSeq: Int { lock.withLock { lastSeq } }
+
     func noteResynced(_ value: JSON) {
         lock.withLock { if case .model = target, case .object = value { target = .model(value, refresh: true) } }
     }
+
+    var targetSnapshot: SubscriptionTarget { lock.withLock { target } }
 
     var isPaused: Bool {
         get { lock.withLock { paused } }
@@ -250,6 +265,7 @@ extension ConcordClient {
         do {
             let r = try await request(o)
             let seq = r["seq"]?.numberValue?.intValue ?? 0
+            state.noteSeq(seq)
             let initial = r["model"] ?? r["items"] ?? r["models"] ?? .null
             if case .model = target { state.noteResynced(initial) }
             return Subscription(name: name, seq: seq, initial: initial, count: r["count"]?.numberValue?.intValue,

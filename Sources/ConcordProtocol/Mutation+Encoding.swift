@@ -73,5 +73,7 @@ extension MutationOptions {
     public func encode(into object: inout JSONObject) {
         if let context { object["context"] = context }
         if let origin { object["origin"] = .string(origin) }
+        if let ifUnchangedSince { object["if_unchanged_since"] = .int(ifUnchangedSince) }
+        if let token { object["token"] = .string(token) }
     }
 }
