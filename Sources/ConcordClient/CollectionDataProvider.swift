@@ -21,6 +21,8 @@ public struct CollectionProviderUpdate<Model: Sendable>: Sendable {
     public var context: JSON?
     /// `data` right after these changes.
     public var data: [Model]
+    /// True while pending optimistic layers (``ConcordClient/optimistic(_:_:)``) shape `data`.
+    public var optimistic: Bool = false
 }
 
 /// An ordered, shared list of models, like RocketData's `CollectionDataProvider`.
@@ -32,7 +34,7 @@ public struct CollectionProviderUpdate<Model: Sendable>: Sendable {
 /// the list always gives `data`. When local and remote writes race, the
 /// provider re-reads the list once its writes are acknowledged and sends a
 /// `.reset` if it had diverged: it always converges to the server's list.
-public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Sendable {
+public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Sendable, LayerObserver {
     // Sendable: state guarded by `lock`; events arrive on the reader thread.
     /// The connection this provider subscribes and writes through.
     public let client: ConcordClient
@@ -40,7 +42,10 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
     public let collection: String
     private let lock = NSLock()
     private var items: [JSON] = []
+    /// What `data` shows: `items` decoded, with the client's pending
+    /// optimistic layers on top while there are some (`layered`).
     private var models: [Model] = []
+    private var layered: [JSON]?
     private var subscription: Subscription?
     private var inFlight = 0
     private var dirty = false
@@ -54,6 +59,7 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
         self.client = client
         self.collection = collection
         (changes, continuation) = AsyncStream.makeStream(bufferingPolicy: .unbounded)
+        client.layers.observe(self)
     }
 
     /// Subscribes to `collection` and starts with its current items.
@@ -79,6 +85,7 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
     }
 
     deinit {
+        client.layers.forget(self)
         continuation.finish()
         if let s = subscription { Task { try? await s.cancel() } }
     }
@@ -214,7 +221,33 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
     /// Publishes changes already applied to `models`. Call with `lock` held, so
     /// the stream's order is the order the list changed in.
     private func emit(_ changes: [CollectionChange], _ context: JSON?) {
+        // With optimistic layers pending (or just gone), `data` is the list
+        // with the layers on top, and a change is shown as one `.reset`.
+        if layered != nil || !client.layers.isEmpty {
+            let shown = client.layers.apply(items)
+            // Layers that touch nothing here: the changes as they are.
+            if !(layered == nil && shown == items) {
+                let wasLayered = layered
+                layered = shown == items ? nil : shown
+                models = shown.compactMap { try? ModelCoding.model(Model.self, from: $0) }
+                if wasLayered == shown { return }
+                continuation.yield(CollectionProviderUpdate(changes: [.reset], context: context, data: models, optimistic: layered != nil))
+                return
+            }
+        }
         continuation.yield(CollectionProviderUpdate(changes: changes, context: context, data: models))
+    }
+
+    /// The client's layers changed: show the list with the layers now pending.
+    func layersChanged() {
+        lock.withLock {
+            let shown = client.layers.apply(items)
+            let before = layered ?? items
+            layered = shown == items ? nil : shown
+            guard shown != before else { return }
+            models = shown.compactMap { try? ModelCoding.model(Model.self, from: $0) }
+            continuation.yield(CollectionProviderUpdate(changes: [.reset], context: nil, data: models, optimistic: layered != nil))
+        }
     }
 
     /// Sends a write already applied locally (the caller applied and emitted it).

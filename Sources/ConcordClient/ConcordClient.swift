@@ -55,6 +55,8 @@ public final class ConcordClient: @unchecked Sendable {
 
     /// The settings this client was connected with.
     public let configuration: Configuration
+    /// Pending optimistic layers (``optimistic(_:_:)``) and the providers showing them.
+    let layers = OptimisticLayers()
     private let lock = NSLock()
     private let writeQueue = DispatchQueue(label: "concord.client.write")
     private var state = State()
@@ -99,7 +101,10 @@ public final class ConcordClient: @unchecked Sendable {
     /// map it with `CodingKeys` (`case id = "_id"`).
     public var idKey: String { lock.withLock { state.serverInfo?.idKey } ?? "id" }
 
-    func noteServerInfo(_ info: ServerInfo) { lock.withLock { state.serverInfo = info } }
+    func noteServerInfo(_ info: ServerInfo) {
+        lock.withLock { state.serverInfo = info }
+        layers.setIDKey(info.idKey)
+    }
 
     /// Connects and says `hello`.
     public static func connect(_ configuration: Configuration = Configuration()) async throws -> ConcordClient {

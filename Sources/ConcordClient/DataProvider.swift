@@ -7,6 +7,8 @@ public struct ProviderUpdate<Model: Sendable>: Sendable {
     public var model: Model?
     /// The `context` of the mutation that made it.
     public var context: JSON?
+    /// True while pending optimistic layers (``ConcordClient/optimistic(_:_:)``) shape the value.
+    public var optimistic: Bool = false
 }
 
 /// Holds one model and keeps it consistent with every other view of its
@@ -19,13 +21,17 @@ public struct ProviderUpdate<Model: Sendable>: Sendable {
 ///
 /// Calls on one provider should not overlap (as with RocketData, a provider
 /// belongs to one owner).
-public final class DataProvider<Model: ConcordModel>: @unchecked Sendable {
+public final class DataProvider<Model: ConcordModel>: @unchecked Sendable, LayerObserver {
     // Sendable: mutable state is guarded by `lock`; events are applied on the
     // client's reader thread, calls on the caller's task.
     /// The connection this provider subscribes and writes through.
     public let client: ConcordClient
     private let lock = NSLock()
     private var current: Model?
+    /// The value as the server (or this provider's own write) has it, and as
+    /// shown: with the client's pending optimistic layers on top.
+    private var base: JSON?
+    private var shown: JSON?
     /// RocketData's change clock: bumped by every `setData`, so a cache read
     /// that started before a newer write is discarded.
     private var clock = 0
@@ -40,9 +46,11 @@ public final class DataProvider<Model: ConcordModel>: @unchecked Sendable {
     public init(client: ConcordClient) {
         self.client = client
         (updates, continuation) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(16))
+        client.layers.observe(self)
     }
 
     deinit {
+        client.layers.forget(self)
         continuation.finish()
         if let s = subscription { Task { try? await s.cancel() } }
     }
@@ -67,8 +75,9 @@ public final class DataProvider<Model: ConcordModel>: @unchecked Sendable {
     /// Sets the value locally at once, then tells the server (and so every
     /// other holder of its entities). `nil` just lets go of the model.
     public func setData(_ model: Model?, context: JSON? = nil) async throws {
+        let json = try model.map { try ModelCoding.json($0) }
         lock.withLock {
-            current = model
+            setBase(json)
             clock += 1
         }
         try await follow(model)
@@ -86,7 +95,7 @@ public final class DataProvider<Model: ConcordModel>: @unchecked Sendable {
         let model = try ModelCoding.model(Model.self, from: json)
         let fresh = lock.withLock { () -> Bool in
             guard clock == started else { return false }
-            current = model
+            setBase(json)
             clock += 1
             return true
         }
@@ -129,21 +138,44 @@ public final class DataProvider<Model: ConcordModel>: @unchecked Sendable {
         let update: ProviderUpdate<Model>?
         switch event {
         case .update(_, let json, _, _, let context):
-            let model = json.flatMap { try? ModelCoding.model(Model.self, from: $0) }
-            lock.withLock { current = model }
-            update = ProviderUpdate(model: model, context: context)
-        case .resynced(_, let state):
-            let model = (try? ModelCoding.model(Model.self, from: state))
-            lock.withLock { current = model }
-            update = ProviderUpdate(model: model, context: nil)
-        case .ended(_, let context):
-            lock.withLock {
-                current = nil
-                subscription = nil
+            update = lock.withLock {
+                setBase(json)
+                return ProviderUpdate(model: current, context: context, optimistic: shown != base)
             }
-            update = ProviderUpdate(model: nil, context: context)
+        case .resynced(_, let state):
+            update = lock.withLock {
+                setBase(state.isNull ? nil : state)
+                return ProviderUpdate(model: current, context: nil, optimistic: shown != base)
+            }
+        case .ended(_, let context):
+            update = lock.withLock {
+                setBase(nil)
+                subscription = nil
+                return ProviderUpdate(model: current, context: context, optimistic: shown != base)
+            }
         case .entities, .collection, .query, .failed, .truncated:  // only query views end with an error; only feeds are truncated
             update = nil
+        }
+        if let update { continuation.yield(update) }
+    }
+
+    // MARK: Optimistic layers
+
+    /// Under `lock`: a new base value; what is shown follows with the layers on top.
+    private func setBase(_ json: JSON?) {
+        base = json
+        shown = client.layers.apply(json)
+        current = shown.flatMap { try? ModelCoding.model(Model.self, from: $0) }
+    }
+
+    /// The client's layers changed: show the base with the layers now pending.
+    func layersChanged() {
+        let update = lock.withLock { () -> ProviderUpdate<Model>? in
+            let now = client.layers.apply(base)
+            guard now != shown else { return nil }
+            shown = now
+            current = now.flatMap { try? ModelCoding.model(Model.self, from: $0) }
+            return ProviderUpdate(model: current, context: nil, optimistic: now != base)
         }
         if let update { continuation.yield(update) }
     }

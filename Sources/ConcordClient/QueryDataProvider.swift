@@ -16,6 +16,8 @@ public struct QueryProviderUpdate<Model: Sendable>: Sendable {
     /// (`limit_exceeded`: the live queries together grew past the server's
     /// `--max-query-entities`); the window is then empty and ``QueryDataProvider/changes`` ends.
     public var error: ConcordError? = nil
+    /// True while pending optimistic layers (``ConcordClient/optimistic(_:_:)``) shape `data`.
+    public var optimistic: Bool = false
 }
 
 /// A live query's window as typed models (PROTOCOL.md §3.1): the entities
@@ -32,7 +34,7 @@ public struct QueryProviderUpdate<Model: Sendable>: Sendable {
 ///
 /// Read-only: write the entities themselves (any provider, `update`, …) and
 /// the query follows. Renaming the `Person` that posts sort by moves them.
-public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
+public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable, LayerObserver {
     // Sendable: state guarded by `lock`; events arrive on the reader thread.
     /// The connection this provider subscribes through.
     public let client: ConcordClient
@@ -41,6 +43,10 @@ public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
     private let lock = NSLock()
     private var items: [JSON] = []
     private var models: [Model] = []
+    /// The window with the client's pending optimistic layers on top, while
+    /// they change it (items are replaced in place, not re-sorted; the
+    /// server's next event places them).
+    private var layered: [JSON]?
     private var matching = 0
     private var subscription: Subscription?
     private var failure: ConcordError?
@@ -56,6 +62,7 @@ public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
         self.client = client
         self.query = query
         (changes, continuation) = AsyncStream.makeStream(bufferingPolicy: .unbounded)
+        client.layers.observe(self)
     }
 
     /// Subscribes and starts with the current window.
@@ -72,6 +79,7 @@ public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
     }
 
     deinit {
+        client.layers.forget(self)
         continuation.finish()
         if let s = subscription { Task { try? await s.cancel() } }
     }
@@ -162,7 +170,7 @@ public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
             case .update, .entities, .collection, .truncated:
                 return
             }
-            continuation.yield(QueryProviderUpdate(changes: out, count: matching, context: ctx, data: models))
+            publish(out, ctx)
         }
     }
 
@@ -172,7 +180,7 @@ public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
             items = list
             models = list.compactMap(decode)
             matching = count
-            continuation.yield(QueryProviderUpdate(changes: [.reset], count: count, context: nil, data: models))
+            publish([.reset], nil)
         }
     }
 
@@ -183,7 +191,38 @@ public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable {
             items = sub.initial.arrayValue ?? []
             models = items.compactMap(decode)
             matching = sub.count ?? items.count
-            continuation.yield(QueryProviderUpdate(changes: [.reset], count: matching, context: nil, data: models))
+            publish([.reset], nil)
+        }
+    }
+
+    // MARK: Optimistic layers
+
+    /// Publishes changes already applied to `items`/`models` (under `lock`);
+    /// with layers pending that change the window, as one `.reset` of the
+    /// window with the layers on top.
+    private func publish(_ changes: [CollectionChange], _ context: JSON?) {
+        if layered != nil || !client.layers.isEmpty {
+            let shown = client.layers.apply(items)
+            if !(layered == nil && shown == items) {
+                let was = layered
+                layered = shown == items ? nil : shown
+                models = shown.compactMap(decode)
+                if was == shown { return }
+                continuation.yield(QueryProviderUpdate(changes: [.reset], count: matching, context: context, data: models, optimistic: layered != nil))
+                return
+            }
+        }
+        continuation.yield(QueryProviderUpdate(changes: changes, count: matching, context: context, data: models))
+    }
+
+    func layersChanged() {
+        lock.withLock {
+            let shown = client.layers.apply(items)
+            let before = layered ?? items
+            layered = shown == items ? nil : shown
+            guard shown != before else { return }
+            models = shown.compactMap(decode)
+            continuation.yield(QueryProviderUpdate(changes: [.reset], count: matching, context: nil, data: models, optimistic: layered != nil))
         }
     }
 }
