@@ -15,7 +15,7 @@ struct ConcordCommand: AsyncParsableCommand {
         abstract: "Talk to a concord-server over its Unix socket.",
         discussion: "Output is JSON, one value per line. Errors go to stderr with a non-zero exit status.",
         subcommands: [
-            Ping.self, Hello.self, Get.self, Update.self, Delete.self, Batch.self, Collection.self,
+            Ping.self, Sync.self, Hello.self, Get.self, Update.self, Delete.self, Batch.self, Collection.self,
             Subscribe.self, Stats.self, Clients.self, Schema.self,
         ]
     )
@@ -90,6 +90,18 @@ struct Ping: AsyncParsableCommand {
     }
 }
 
+struct Sync: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Wait until every mutation accepted before it is applied here; print that seq.")
+    @OptionGroup var connection: ConnectionOptions
+    @Option(help: "Give up after this many milliseconds (the server answers unavailable).") var timeoutMs: Int?
+    func run() async throws {
+        try await ConcordCLI.run {
+            let c = try await connection.connect()
+            out(String(try await c.sync(timeoutMs: timeoutMs)))
+        }
+    }
+}
+
 struct Hello: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Print the server's name, version, protocol and limits.")
     @OptionGroup var connection: ConnectionOptions
@@ -143,13 +155,18 @@ struct Update: AsyncParsableCommand {
     @Flag(help: "Merge into the stored versions instead of replacing them.") var merge = false
     @Flag(help: "Tell every holder even when nothing changed.") var force = false
     @Option(help: "Context (JSON) delivered with every event.") var context: String?
+    @Option(help: "Apply only if nothing it writes changed after this seq (else a conflict error, nothing applied).")
+    var ifUnchangedSince: Int?
+    @Option(help: "Idempotency token: a retry with the same token is answered with the first seq, not applied again (default: a new one).")
+    var token: String?
 
     func run() async throws {
         let m = try parseJSON(argumentOrStdin(model), what: "the model")
         let ctx = try context.map { try parseJSON($0, what: "--context") }
         try await ConcordCLI.run {
             let c = try await connection.connect()
-            out(String(try await c.update(m, key: key, merge: merge, force: force, context: ctx)))
+            out(String(try await c.update(m, key: key, merge: merge, force: force, context: ctx,
+                                          ifUnchangedSince: ifUnchangedSince, token: token)))
         }
     }
 }
@@ -278,6 +295,8 @@ struct Subscribe: AsyncParsableCommand {
     @Option(help: "A live query (JSON, as for get --query): prints query events with their changes and count.") var query: String?
     @Option(help: "Stop after this many events.") var count: Int?
     @Flag(help: "Print the subscribe answer (initial state) first.") var initial = false
+    @Option(help: "Resume: the seq of the state you hold; an unchanged view answers unchanged, a feed replays what changed after it.")
+    var since: Int?
 
     func validate() throws {
         let n = [key != nil, collection != nil, ids != nil, feed, model != nil, query != nil].filter { $0 }.count
@@ -295,9 +314,9 @@ struct Subscribe: AsyncParsableCommand {
         else { target = .query(try Self.query(try parseJSON(query!, what: "--query"))) }
         try await ConcordCLI.run {
             let c = try await connection.connect()
-            let sub = try await c.subscribe(target, keepEveryEvent: true)
+            let sub = try await c.subscribe(target, keepEveryEvent: true, since: since)
             if initial {
-                var o: JSON = ["seq": .int(sub.seq), "initial": sub.initial]
+                var o: JSON = sub.unchanged ? ["seq": .int(sub.seq), "unchanged": true] : ["seq": .int(sub.seq), "initial": sub.initial]
                 if let count = sub.count { o = ["seq": .int(sub.seq), "initial": sub.initial, "count": .int(count)] }
                 out(o.compactString)
             }

@@ -45,8 +45,16 @@ public enum BatchOperation: Sendable {
 extension ConcordClient {
     // MARK: Control
 
+    /// `sync` (PROTOCOL §8.3): the seq this server has applied once every
+    /// mutation accepted before the request is applied (on a single server, at once).
     @discardableResult
+    public func sync(timeoutMs: Int? = nil) async throws -> Int {
+        let r = try await op("sync", [("timeout_ms", timeoutMs.map { .int($0) })])
+        return r["seq"]?.numberValue?.intValue ?? 0
+    }
+
     /// Says `hello`: the server's name, version, protocol, identity member and limits (also done by ``connect(_:)`` and after every reconnect).
+    @discardableResult
     public func hello() async throws -> ServerInfo {
         let r = try await op("hello", [("client", .string(configuration.clientName))])
         let info = ServerInfo(

@@ -203,7 +203,13 @@ public final class Subscription: Sendable {
     public let events: AsyncStream<ConcordEvent>
     let client: ConcordClient
 
-    init(name: String, seq: Int, initial: JSON, count: Int? = nil, events: AsyncStream<ConcordEvent>, client: ConcordClient) {
+    /// True when subscribed with `since` and nothing the view shows changed
+    /// after it: `initial` is null, the caller's copy is current.
+    public let unchanged: Bool
+
+    init(name: String, seq: Int, initial: JSON, count: Int? = nil, events: AsyncStream<ConcordEvent>, client: ConcordClient,
+         unchanged: Bool = false) {
+        self.unchanged = unchanged
         self.name = name
         self.seq = seq
         self.initial = initial
@@ -237,14 +243,21 @@ extension ConcordClient {
     /// Subscribes; `name` defaults to a generated one. `keepEveryEvent`
     /// turns off coalescing for model and key views (their stream then keeps
     /// every event, as collection, ids and feed streams always do).
-    public func subscribe(_ target: SubscriptionTarget, name: String? = nil, keepEveryEvent: Bool = false) async throws -> Subscription {
-        try await subscribe(target, name: name, handler: nil, keepEveryEvent: keepEveryEvent)
+    ///
+    /// With `since` (the seq of the last state the caller holds of this view,
+    /// PROTOCOL §3.2), a view nothing of which changed after it answers
+    /// ``Subscription/unchanged`` and no value; a feed first gets the entity
+    /// changes after it replayed as events (or ``ConcordEvent/truncated(seq:)``
+    /// when the server's history no longer reaches back).
+    public func subscribe(_ target: SubscriptionTarget, name: String? = nil, keepEveryEvent: Bool = false,
+                          since: Int? = nil) async throws -> Subscription {
+        try await subscribe(target, name: name, handler: nil, keepEveryEvent: keepEveryEvent, since: since)
     }
 
     /// Subscribes with events delivered to `handler` on the reader thread, in
     /// order, before any later response resumes its caller.
     func subscribe(_ target: SubscriptionTarget, name: String?, handler: (@Sendable (ConcordEvent) -> Void)?,
-                   keepEveryEvent: Bool = false) async throws -> Subscription {
+                   keepEveryEvent: Bool = false, since: Int? = nil) async throws -> Subscription {
         let name = name ?? generatedName("s")
         var coalesce: Bool
         switch target {
@@ -262,14 +275,17 @@ extension ConcordClient {
         }
         var o = state.subscribeRequest(resync: false)
         o["op"] = "subscribe"
+        if let since { o["since"] = .int(since) }
         do {
             let r = try await request(o)
             let seq = r["seq"]?.numberValue?.intValue ?? 0
             state.noteSeq(seq)
+            let unchanged = r["unchanged"] == .bool(true)
             let initial = r["model"] ?? r["items"] ?? r["models"] ?? .null
-            if case .model = target { state.noteResynced(initial) }
+            if case .model = target, !unchanged { state.noteResynced(initial) }
+            if r["truncated"] == .bool(true) { state.yield(.truncated(seq: seq)) }
             return Subscription(name: name, seq: seq, initial: initial, count: r["count"]?.numberValue?.intValue,
-                                events: stream, client: self)
+                                events: stream, client: self, unchanged: unchanged)
         } catch {
             _ = unregister(name)
             continuation.finish()

@@ -66,6 +66,36 @@ struct CLITests {
         #expect(table.contains("memory.allocated"))
     }
 
+    /// Conditional writes, tokens, `sync` and `subscribe --since` from the command line.
+    @Test func conditionalWritesTokensSyncAndSince() throws {
+        let server = try ServerProcess()
+        let s = server.socketPath
+        #expect(try Self.concord(["update", #"{"id":"C:1","n":1}"#], socket: s).1 == "1\n")
+        #expect(try Self.concord(["update", #"{"id":"C:1","n":2}"#, "--if-unchanged-since", "1"], socket: s).1 == "2\n")
+        let (status, _, err) = try Self.concord(["update", #"{"id":"C:1","n":3}"#, "--if-unchanged-since", "1"], socket: s)
+        #expect(status != 0)
+        #expect(err.contains("conflict"))
+        #expect(try Self.concord(["update", #"{"id":"C:1","n":4}"#, "--token", "t1"], socket: s).1 == "3\n")
+        #expect(try Self.concord(["update", #"{"id":"C:1","n":5}"#, "--token", "t1"], socket: s).1 == "3\n")
+        #expect(try Self.concord(["sync"], socket: s).1 == "3\n")
+        // subscribe --since: the answer says unchanged, then events as usual.
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: Self.binary)
+        p.arguments = ["subscribe", "--ids", "C:1", "--since", "3", "--initial", "--count", "1", "--socket", s]
+        let out = Pipe()
+        p.standardOutput = out
+        try p.run()
+        let c = try server.connect()
+        try waitUntil("the subscription exists") { try c.request(#"{"op":"stats"}"#)["subscriptions"] == 1 }
+        try c.request(#"{"op":"update","model":{"id":"C:1","n":6}}"#)
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        let lines = String(decoding: data, as: UTF8.self).split(separator: "\n").map(String.init)
+        #expect(lines.first?.json == #"{"seq":3,"unchanged":true}"#.json)
+        #expect(lines.count == 2)
+        #expect(lines.last?.json?["model"]?["n"] == 6)
+    }
+
     @Test func errorsGoToStderrWithAFailingStatus() throws {
         let server = try ServerProcess()
         let (status, out, err) = try Self.concord(["collection", "remove", "nope", "--index", "3"], socket: server.socketPath)
