@@ -97,7 +97,8 @@ extension Engine {
     }
 
     /// After mutation `seq` was applied: what it changed, and its token.
-    func recordVersions(_ change: StoreChange, effects: [ViewEffect], ops: [(Mutation, origin: String?)], token: String?) {
+    /// Returns the tokens that expired (to forget in the cache backend too).
+    func recordVersions(_ change: StoreChange, effects: [ViewEffect], ops: [(Mutation, origin: String?)], token: String?) -> [String] {
         var written: [String] = []
         for e in effects { if case .update(let u) = e { written.append(contentsOf: u.ids) } }
         var keys: [String] = []
@@ -116,7 +117,7 @@ extension Engine {
                         collectionChanged: { self.store.collectionsChanged.contains($0) }, store: store)
         let now = clock()
         if let token { versions.remember(token: token, seq: seq, now: now) }
-        versions.expireTokens(seq: seq, now: now)
+        return versions.expireTokens(seq: seq, now: now)
     }
 }
 

@@ -92,8 +92,8 @@ extension Engine {
         }
         seq += 1
         render(effects: effects, change: change, origins: origins, context: options.context)
-        recordWrites()
-        recordVersions(change, effects: effects, ops: ops, token: options.token)
+        let expired = recordVersions(change, effects: effects, ops: ops, token: options.token)
+        recordWrites(token: options.token, expiredTokens: expired)
         store.commit()
         if holdUntilDurable(c, rid: rid) { return }
         respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }

@@ -33,6 +33,8 @@ public enum StoredValue: Sendable {
     case document(JSON)
     case collection([String])
     case schema([(type: String, members: [String])])
+    /// A remembered token: the seq of the mutation that carried it.
+    case token(Int)
 }
 
 public struct LoadRequest: Sendable {
@@ -48,6 +50,7 @@ public struct LoadResult: Sendable {
         case entity(JSON)
         case document(JSON)
         case collection([String])
+        case token(Int)
     }
     public var ticket: Int
     public var records: [String: Record]
@@ -171,9 +174,11 @@ extension Engine {
     // MARK: Write-behind
 
     /// Queues what the running mutation wrote. Call before `store.commit()`.
-    func recordWrites() {
+    func recordWrites(token: String? = nil, expiredTokens: [String] = []) {
         guard let p = persistence else { return }
         var writes: [StorageWrite] = []
+        if let token { writes.append(StorageWrite(key: RecordCodec.tokenKey(token), value: .token(seq))) }
+        for t in expiredTokens { writes.append(StorageWrite(key: RecordCodec.tokenKey(t), value: nil)) }
         for id in store.entityJournal.keys {
             let v = store.entity(id)
             writes.append(StorageWrite(key: RecordCodec.entityKey(id), value: v.map { .entity($0) }))
@@ -324,7 +329,18 @@ extension Engine {
             // Only when the backend may hold entities memory does not: it
             // persists (a restart), or records are evicted (--memory-limit).
             if backendMayHoldMore && !p.loadedTypes.contains(q.type) && queries.types[q.type] == nil { keys.append(Self.scanMarker + RecordCodec.entityKey(q.type + ":")) }
-        case .mutation(let m, _): mutation(m)
+        case .mutation(let m, let options):
+            mutation(m)
+            // A retry of a mutation accepted before a restart, or long enough
+            // ago that memory let go of its token.
+            if let t = options.token, versions.tokens[t] == nil { keys.append(RecordCodec.tokenKey(t)) }
+            // A condition compares with the records themselves: everything it writes is read in.
+            if options.ifUnchangedSince != nil {
+                let w = writeSet(m)
+                for id in w.entities { entity(id) }
+                for k in w.keys { document(k) }
+                for n in w.collections { collection(n) }
+            }
         default: break
         }
         return keys.filter { !p.knownAbsent.contains($0) }
@@ -443,6 +459,7 @@ extension Engine {
         case .document: return store.documents[name] != nil
         case .collection: return store.collections[name] != nil
         case .schema: return true
+        case .token: return versions.tokens[name] != nil
         }
     }
 
@@ -499,6 +516,8 @@ extension Engine {
                     store.installDocument(name, v)
                     repairs.append(StorageWrite(key: key, value: .document(v)))
                 }
+            case (.token, .token(let s)):
+                if versions.tokens[name] == nil { versions.remember(token: name, seq: s, now: clock()) }
             case (.collection, .collection(let ids)):
                 guard store.collections[name] == nil else { continue }
                 let kept = ids.filter { ensureEntity($0) }

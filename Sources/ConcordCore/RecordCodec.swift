@@ -3,7 +3,8 @@ public import ConcordJSON
 /// What a cache backend stores, and how (docs/PLUGINS.md, "Records").
 ///
 /// Keys: `e:<id>` an entity, `d:<key>` a document, `c:<name>` a collection,
-/// `s:schema` the schema. Values are JSON envelopes with a format version:
+/// `s:schema` the schema, `t:<token>` a mutation's idempotency token
+/// (`{"v":1,"seq":n}`: the seq it was accepted with, PROTOCOL §4.1). Values are JSON envelopes with a format version:
 /// `{"v":1,"r":<record>}` for entities and documents, where every nested
 /// entity is reduced to a reference stub (`{"id":…}`, identity member only)
 /// — the normalized store: a record never holds another entity's contents;
@@ -24,13 +25,14 @@ public struct RecordCodec: Sendable {
     }
 
     public enum Kind: Sendable, Hashable {
-        case entity, document, collection, schema
+        case entity, document, collection, schema, token
     }
 
     public static func entityKey(_ id: String) -> String { "e:" + id }
     public static func documentKey(_ key: String) -> String { "d:" + key }
     public static func collectionKey(_ name: String) -> String { "c:" + name }
     public static let schemaKey = "s:schema"
+    public static func tokenKey(_ token: String) -> String { "t:" + token }
 
     /// The kind and name a storage key addresses.
     public static func parse(key: String) -> (Kind, String)? {
@@ -41,6 +43,7 @@ public struct RecordCodec: Sendable {
         case "d:": return (.document, name)
         case "c:": return (.collection, name)
         case "s:": return (.schema, name)
+        case "t:": return (.token, name)
         default: return nil
         }
     }
@@ -79,6 +82,19 @@ public struct RecordCodec: Sendable {
         w.value(record)
         w.raw("}")
         return w.bytes
+    }
+
+    public func encode(token seq: Int) -> [UInt8] {
+        var w = JSONWriter(capacity: 24)
+        w.raw("{\"v\":1,\"seq\":")
+        w.int(seq)
+        w.raw("}")
+        return w.bytes
+    }
+
+    public func decodeToken(_ bytes: [UInt8]) -> Int? {
+        guard let n = envelope(bytes)?["seq"]?.numberValue?.intValue, n > 0 else { return nil }
+        return n
     }
 
     public func encode(collection ids: [String]) -> [UInt8] {

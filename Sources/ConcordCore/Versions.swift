@@ -106,12 +106,18 @@ final class Versions {
 
     /// Expires tokens older than both windows (the last `historyMutations`
     /// mutations and `tokenRetention` seconds), or the oldest beyond the byte limit.
-    func expireTokens(seq: Int, now: Double) {
+    /// Returns the tokens forgotten (the cache backend forgets them too).
+    @discardableResult
+    func expireTokens(seq: Int, now: Double) -> [String] {
+        var expired: [String] = []
         while tokenHead < tokenOrder.count {
             let t = tokenOrder[tokenHead]
             let old = t.seq <= seq - historyMutations && t.at < now - tokenRetention
             guard old || tokenBytes > tokenByteLimit else { break }
-            if tokens[t.token] == t.seq { tokens[t.token] = nil }
+            if tokens[t.token] == t.seq {
+                tokens[t.token] = nil
+                expired.append(t.token)
+            }
             tokenBytes -= t.token.utf8.count + 64
             tokenHead += 1
         }
@@ -119,6 +125,7 @@ final class Versions {
             tokenOrder.removeFirst(tokenHead)
             tokenHead = 0
         }
+        return expired
     }
 
     /// Drops history past its bounds, and tombstones older than the history window.

@@ -206,6 +206,7 @@ final class StorageThread: @unchecked Sendable {
         case .document(let value): return codec.encode(record: codec.normalize(value, includingRoot: true))
         case .collection(let ids): return codec.encode(collection: ids)
         case .schema(let lists): return codec.encode(schema: lists)
+        case .token(let seq): return codec.encode(token: seq)
         }
     }
 
@@ -336,6 +337,10 @@ final class StorageThread: @unchecked Sendable {
                     result.records[key] = .collection(ids)
                     refs = ids
                 case .schema:
+                    continue
+                case .token:
+                    guard let s = codec.decodeToken(bytes) else { badRecord(key); result.absent.append(key); continue }
+                    result.records[key] = .token(s)
                     continue
                 }
                 for id in refs {

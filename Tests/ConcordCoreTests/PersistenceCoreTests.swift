@@ -27,6 +27,7 @@ final class FakeStorage {
                     case .document(let v)?: records[w.key] = codec.encode(record: codec.normalize(v, includingRoot: true))
                     case .collection(let ids)?: records[w.key] = codec.encode(collection: ids)
                     case .schema(let s)?: records[w.key] = codec.encode(schema: s)
+                    case .token(let n)?: records[w.key] = codec.encode(token: n)
                     }
                 }
                 committed = max(committed, seq)
@@ -55,6 +56,8 @@ final class FakeStorage {
                         let r = codec.decodeRecord(bytes)!
                         result.records[key] = .document(r)
                         refs = codec.references(r, includingRoot: true)
+                    case .token:
+                        result.records[key] = .token(codec.decodeToken(bytes)!)
                     case .collection:
                         let ids = codec.decodeCollection(bytes)!
                         result.records[key] = .collection(ids)

@@ -47,6 +47,33 @@ struct PersistenceTests {
     /// A query over a type sees every entity the backend holds, not only the
     /// resident ones: after a restart (nothing in memory) and with records
     /// evicted under --memory-limit. Every backend lists by prefix (`scan`).
+    /// A token outlives the process (PROTOCOL §4.1): a retry after a restart
+    /// gets the original answer; a conditional write compares with the
+    /// records read back (their last changes are not known per record after
+    /// a restart: they count as changed at the restart).
+    @Test func tokensAndConditionsAcrossARestart() throws {
+        let db = Self.tempPath("t.sqlite")
+        let args = ["--cache", "sqlite", "--cache-path", db, "--durability", "sync"]
+        do {
+            let server = try ServerProcess(arguments: args)
+            let c = try server.connect()
+            #expect(try c.request(#"{"op":"update","model":{"id":"A:1","n":1}}"#)["seq"] == 1)
+            #expect(try c.request(#"{"op":"collection.insert","collection":"c","token":"once","items":[{"id":"I:1"}]}"#)["seq"] == 2)
+            #expect(server.stop() == 0)
+        }
+        let server = try ServerProcess(arguments: args)
+        let c = try server.connect()
+        let retry = try c.request(#"{"op":"collection.insert","collection":"c","token":"once","items":[{"id":"I:1"}]}"#)
+        #expect(retry["seq"] == 2)
+        #expect(retry["duplicate"] == true)
+        #expect(try c.request(#"{"op":"get","collection":"c"}"#)["items"]?.arrayValue?.count == 1)
+        // A:1 is on disk, not in memory: "never written" (0) must conflict.
+        #expect(try c.request(#"{"op":"update","if_unchanged_since":0,"model":{"id":"A:1","n":2}}"#)["error"]?["code"] == "conflict")
+        #expect(try c.request(#"{"op":"update","if_unchanged_since":2,"model":{"id":"A:1","n":2}}"#)["seq"] == 3)
+        #expect(try c.request(#"{"op":"update","if_unchanged_since":0,"model":{"id":"New:1"}}"#)["seq"] == 4)
+        #expect(server.stop() == 0)
+    }
+
     @Test(arguments: ["sqlite", "memory-limit"])
     func queriesSeeEntitiesOnlyTheBackendHolds(mode: String) throws {
         let db = Self.tempPath("q.sqlite")
