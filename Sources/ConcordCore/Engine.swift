@@ -512,6 +512,16 @@ public final class Engine {
             w.raw(",\"held\":"); w.int(queries.heldMembers)
             w.raw(",\"unfiling\":"); w.int(queries.retiring.count - queries.retiringHead)
             w.raw("}")
+            // Change history (feed replay) and remembered tokens (§3.2, §4.1):
+            // what they hold and about how many bytes (bounded by
+            // --history-mutations/--history-entities and --token-memory).
+            w.key("history"); w.raw("{\"mutations\":"); w.int(versions.historyMutationsHeld)
+            w.raw(",\"entities\":"); w.int(versions.historyEntities)
+            w.raw(",\"reaches_back_to\":"); w.int(versions.historyFloor)
+            w.raw(",\"names\":"); w.int(versions.namesHeld)
+            w.raw(",\"tokens\":"); w.int(versions.tokens.count)
+            w.raw(",\"bytes\":"); w.int(versions.approximateBytes)
+            w.raw("}")
             w.key("memory"); w.value(memory)
             w.key("cache"); w.value(cache)
             if listClients { w.raw(list) }

@@ -198,6 +198,11 @@ final class Versions {
         floor = seq
     }
 
+    /// Mutations the history holds (with entity changes).
+    var historyMutationsHeld: Int { history.count - historyHead }
+    /// Names with a known last change (live and tombstones).
+    var namesHeld: Int { entities.count + documents.count + collections.count }
+
     /// Approximate bytes held (stats).
     var approximateBytes: Int {
         (entities.count + documents.count + collections.count) * 48 + historyEntities * 24 + (history.count - historyHead) * 32 + tokenBytes
