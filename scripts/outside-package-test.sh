@@ -52,14 +52,23 @@ SWIFT
 sed -n '/README-SNIPPET-BEGIN/,/README-SNIPPET-END/p' "$root/Tests/ConcordReadmeTests/ReadmeSnippet.swift" \
     | grep -v 'README-SNIPPET-' > "$work/app/Sources/App/Snippet.swift"
 grep -q 'func senderAfterRename' "$work/app/Sources/App/Snippet.swift" || { echo "outside-package test: README snippet not found" >&2; exit 1; }
+# The read-modify-write snippet too (it uses only ConcordClient's names).
+sed -n '/README-SNIPPET-2-BEGIN/,/README-SNIPPET-2-END/p' "$root/Tests/ConcordReadmeTests/ReadmeSnippet.swift" \
+    | grep -v 'README-SNIPPET-' > "$work/app/Sources/App/Snippet2.swift"
+sed -i '1i import ConcordClient' "$work/app/Sources/App/Snippet2.swift"
 cat > "$work/app/Sources/App/main.swift" <<'SWIFT'
+import ConcordClient
 import ConcordTestServer
 
 let server = try ConcordTestServer()
 let name = try await senderAfterRename(socket: server.socketPath)
+let client = try await ConcordClient.connect(socketPath: server.socketPath)
+_ = try await increment(client, 1)
+let n = try await increment(client, 1)
+client.close()
 let status = server.stop()
-guard name == "Ann B.", status == 0 else {
-    print("outside-package test: expected \"Ann B.\" and exit 0, got \(name ?? "nil") and \(status)")
+guard name == "Ann B.", n == 2, status == 0 else {
+    print("outside-package test: expected \"Ann B.\", 2 and exit 0, got \(name ?? "nil"), \(n) and \(status)")
     exit(1)
 }
 print("outside-package test: the README snippet ran against ConcordClient 0.1.0 by version")

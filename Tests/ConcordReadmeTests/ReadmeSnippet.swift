@@ -18,3 +18,25 @@ func senderAfterRename(socket: String) async throws -> String? {
     return nil
 }
 // README-SNIPPET-END
+
+// README-SNIPPET-2-BEGIN
+struct Counter: ConcordModel { var id: ConcordID<Counter>; var n: Int }
+
+/// One more on a counter every process shares: read; write only if nothing
+/// changed since the read (shown at once by this client's providers, rolled
+/// back if refused); on a conflict, read again. No increment is lost.
+func increment(_ client: ConcordClient, _ id: ConcordID<Counter>) async throws -> Int {
+    while true {
+        let (stored, seq) = try await client.get(id: Counter(id: id, n: 0).globalIdentity)
+        var next = try stored.map { try ModelCoding.model(Counter.self, from: $0) } ?? Counter(id: id, n: 0)
+        next.n += 1
+        let json = try ModelCoding.json(next)
+        do {
+            _ = try await client.optimistic([.update(json)]) { try await client.update(json, ifUnchangedSince: seq) }
+            return next.n
+        } catch let e as ConcordError where e.code == .conflict {
+            continue  // someone wrote it after our read
+        }
+    }
+}
+// README-SNIPPET-2-END
