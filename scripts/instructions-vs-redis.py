@@ -18,6 +18,8 @@ def opt(name, default):
     return default
 SUBS = [int(x) for x in opt("--subs", "1,10,100").split(",")]
 N = int(opt("-n", "2000"))
+CONDITIONAL = "--conditional" in args
+if CONDITIONAL: args.remove("--conditional")
 CONCORD = args[0] if args else ".build/release/concord-server"
 REDIS = args[1] if len(args) > 1 else "/usr/bin/redis-server"
 
@@ -83,6 +85,29 @@ def run_concord(binary, subs, n, d):
     p.send_signal(signal.SIGTERM); p.wait(600)
     return total(out)
 
+def run_concord_sequential(binary, n, d, conditional):
+    """N updates one at a time (each after the previous answer), to one key
+    with one subscriber; with `conditional`, each says if_unchanged_since
+    the previous answer's seq (so none conflicts)."""
+    sock = d + "/s.sock"; out = f"{d}/concord.seq.{int(conditional)}.{n}.out"
+    p = callgrind([binary, "--socket", sock, "--cache", "none", "--log-level", "error", "--turn-ms", "100"], out)
+    w = wait_socket(sock, p)
+    s = socket.socket(socket.AF_UNIX); s.connect(sock)
+    s.sendall(b'{"op":"subscribe","sub":"s","key":"k"}\n'); s.makefile("rb").readline()
+    r = Reader(s, b'"event":"update"', n + 1); r.start()
+    wf = w.makefile("rb")
+    w.sendall(('{"op":"update","key":"k","model":' + document(-1) + '}\n').encode())
+    seq = json.loads(wf.readline())["seq"]
+    for i in range(n):
+        cond = f',"if_unchanged_since":{seq}' if conditional else ""
+        w.sendall(('{"op":"update","key":"k"' + cond + ',"model":' + document(i) + '}\n').encode())
+        a = json.loads(wf.readline())
+        if not a.get("ok"): raise SystemExit(f"update refused: {a}")
+        seq = a["seq"]
+    r.done.wait(600)
+    p.send_signal(signal.SIGTERM); p.wait(600)
+    return total(out)
+
 def run_redis(binary, subs, n, d):
     sock = d + "/r.sock"; out = f"{d}/redis.{subs}.{n}.out"
     p = callgrind([binary, "--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no", "--dir", d,
@@ -111,6 +136,13 @@ def main():
     d = tempfile.mkdtemp(prefix="concord-instr.")
     stripped = d + "/concord-server.nodebug"
     subprocess.check_call(["objcopy", "--strip-debug", CONCORD, stripped])
+    if CONDITIONAL:
+        n = 300
+        plain = (run_concord_sequential(stripped, n, d, False) - run_concord_sequential(stripped, 0, d, False)) / n
+        cond = (run_concord_sequential(stripped, n, d, True) - run_concord_sequential(stripped, 0, d, True)) / n
+        if plain <= 0 or cond <= 0: sys.exit(f"measured nothing; logs in {d}")
+        print(f"one update at a time, 1 key subscriber: plain {plain:,.0f}, with if_unchanged_since {cond:,.0f} instructions ({cond - plain:+,.0f})")
+        return
     print(f"{'subscribers':>11} | {'Concord instr/update':>20} | {'Redis instr/PUBLISH':>19} | ratio")
     failed = False
     for s in SUBS:

@@ -17,14 +17,14 @@ extension Engine {
         func add(_ m: Mutation) {
             switch m {
             case .update(let model, let key, _, _):
-                w.entities.append(contentsOf: tree.identities(model).order)
+                tree.identityList(model, into: &w.entities)
                 if let key { w.keys.append(key) }
             case .deleteEntity(let id):
                 w.entities.append(id)
             case .deleteKey(let key):
                 w.keys.append(key)
             case .collectionSet(let name, let items), .collectionInsert(let name, _, let items):
-                for item in items { w.entities.append(contentsOf: tree.identities(item).order) }
+                for item in items { tree.identityList(item, into: &w.entities) }
                 w.collections.append(name)
             case .collectionRemoveAt(let name, _, _), .collectionRemoveIDs(let name, _), .collectionDelete(let name):
                 w.collections.append(name)
@@ -64,10 +64,12 @@ extension Engine {
                 listed += 1
             }
         }
-        var seen = Set<String>()
-        for id in w.entities where seen.insert(id).inserted {
-            note(versions.entity(id, present: store.entity(id) != nil), id, into: &entities)
+        // Repeats are rare and cheap to skip only where one conflicts.
+        for id in w.entities {
+            let s = versions.entity(id, present: store.entity(id) != nil)
+            if s > n, !entities.contains(.string(id)) { note(s, id, into: &entities) }
         }
+        var seen = Set<String>()
         seen = []
         for key in w.keys where seen.insert(key).inserted {
             note(versions.document(key, present: store.document(key) != nil), key, into: &keys)
@@ -99,8 +101,10 @@ extension Engine {
     /// After mutation `seq` was applied: what it changed, and its token.
     /// Returns the tokens that expired (to forget in the cache backend too).
     func recordVersions(_ change: StoreChange, effects: [ViewEffect], ops: [(Mutation, origin: String?)], token: String?) -> [String] {
-        var written: [String] = []
-        for e in effects { if case .update(let u) = e { written.append(contentsOf: u.ids) } }
+        let written = effects.lazy.flatMap { e -> Set<String> in
+            if case .update(let u) = e { return u.ids }
+            return []
+        }
         var keys: [String] = []
         var lists: [String] = []
         for (op, _) in ops {

@@ -71,12 +71,11 @@ final class Versions {
     func record(seq: Int, written: some Sequence<String>, change: StoreChange, keys: [String], collections written_: [String],
                 collectionChanged: (String) -> Bool, store: Store) {
         var ids: [String] = []
-        for id in written where change.valueChanged.contains(id) && entities[id] != seq {
-            entities[id] = seq
-            ids.append(id)
+        // One hash per name: the old seq comes back from the write.
+        for id in written where change.valueChanged.contains(id) {
+            if entities.updateValue(seq, forKey: id) != seq { ids.append(id) }
         }
-        for id in change.deleted where entities[id] != seq {
-            entities[id] = seq
+        for id in change.deleted where entities.updateValue(seq, forKey: id) != seq {
             ids.append(id)
             if store.entity(id) == nil { tombstones.append((seq, 0, id)) }
         }

@@ -34,6 +34,9 @@ final class Conn: @unchecked Sendable {
 
     deinit { close(fd) }
 
+    /// Ends the connection now (the server sees it close).
+    func hangUp() { shutdown(fd, Int32(SHUT_RDWR)) }
+
     func write(_ bytes: [UInt8]) {
         var off = 0
         while off < bytes.count {

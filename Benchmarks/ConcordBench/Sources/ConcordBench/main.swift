@@ -280,6 +280,22 @@ do {
                      String(format: "%.0f; %.0f / %.0f", q.cpuMicrosPerUpdate, q.p50, q.p99), "-", "-"))
     }
 
+    // 5c. Resuming after a reconnect (§3.2): 10,000 key subscriptions, 1 % changed while away.
+    if progress("resume 10,000 key views after a reconnect, 1 % changed: with since vs without") {
+        let (cp, c) = try concord()
+        let r = try resumeScenario(socket: c.socket, keys: 10_000, changed: 100)
+        cp.stop()
+        results["resume_10k_bytes_since"] = Double(r.bytesWithSince)
+        results["resume_10k_bytes_without"] = Double(r.bytesWithout)
+        results["resume_10k_ms_since"] = r.secondsWithSince * 1000
+        results["resume_10k_ms_without"] = r.secondsWithout * 1000
+        rows.append(("resume 10,000 key views, 1 % changed: bytes read, with since → without",
+                     "\(fmt(Double(r.bytesWithSince))) → \(fmt(Double(r.bytesWithout)))", "-",
+                     String(format: "×%.1f", Double(r.bytesWithout) / Double(max(1, r.bytesWithSince)))))
+        rows.append(("resume 10,000 key views, 1 % changed: ms to the last answer, with since → without",
+                     String(format: "%.0f → %.0f", r.secondsWithSince * 1000, r.secondsWithout * 1000), "-", "-"))
+    }
+
     // 6. Scaling: --threads 1 vs 2 on dense fan-out of model views (the work the pool parallelizes).
     var perThreads: [Int: Double] = [:]
     for t in progress("scaling, --threads 1 vs 2") ? [1, 2] : [] {
