@@ -56,6 +56,10 @@ struct ConditionalTests {
         a.ok(#"{"op":"update","model":{"id":"H:1","child":{"id":"C:1","v":1}}}"#)  // 5
         a.ok(#"{"op":"update","model":{"id":"C:1","v":2}}"#)                      // 6
         a.ok(#"{"op":"update","mode":"merge","if_unchanged_since":5,"model":{"id":"H:1","x":1}}"#)
+        // A conditional delete: of an entity written since, a conflict; else applied.
+        #expect(a.error(#"{"op":"delete","id":"C:1","if_unchanged_since":5}"#) == "conflict")
+        #expect(a.error(#"{"op":"delete","key":"home","if_unchanged_since":3}"#) == "conflict")
+        a.ok(#"{"op":"delete","key":"home","if_unchanged_since":4}"#)
         #expect(a.error(#"{"op":"update","if_unchanged_since":5,"model":{"id":"H:1","child":{"id":"C:1","v":2}}}"#) == "conflict")
     }
 
@@ -75,6 +79,8 @@ struct ConditionalTests {
         // On a batch, the batch's token; too long: bad_request.
         #expect(a.ok(#"{"op":"batch","token":"t-3","ops":[{"op":"update","model":{"id":"A"}}]}"#)["seq"] == 3)
         #expect(a.send(#"{"op":"batch","token":"t-3","ops":[]}"#)["duplicate"] == true)
+        #expect(a.error(#"{"op":"update","token":5,"model":{"id":"A"}}"#) == "bad_request")
+        #expect(a.send(#"{"op":"ping"}"#)["seq"] == 3)
         let long = String(repeating: "x", count: 129)
         #expect(a.error(#"{"op":"update","token":"\#(long)","model":{"id":"A"}}"#) == "bad_request")
     }

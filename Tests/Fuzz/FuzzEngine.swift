@@ -152,7 +152,10 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         let p = peers[cur.small(4)]
         let a = cur.small(4), b = cur.small(8), name = "s\(cur.small(4))"
         switch op % 16 {
-        case 0: send(p, #"{"op":"update","model":{"id":"P:\#(a)","n":\#(b),"q":{"id":"Q:\#(b % 3)","m":\#(a)}}}"#)
+        case 0:
+            // Sometimes conditional (a conflict or bad_request changes nothing), sometimes with a token (retries answered).
+            let extra = b % 3 == 0 ? #","if_unchanged_since":\#(engine.seq - a)"# : (b % 3 == 1 ? #","token":"t\#(a)""# : "")
+            send(p, #"{"op":"update"\#(extra),"model":{"id":"P:\#(a)","n":\#(b),"q":{"id":"Q:\#(b % 3)","m":\#(a)}}}"#)
         case 1: send(p, #"{"op":"update","key":"d\#(a % 2)","model":{"id":"D:\#(a % 2)","p":{"id":"P:\#(b % 4)"},"v":\#(b)}}"#)
         case 2: send(p, #"{"op":"delete","id":"\#(b % 2 == 0 ? "P" : "Q"):\#(a)"}"#)
         case 3:
@@ -176,8 +179,8 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         case 6: send(p, #"{"op":"resume","sub":"\#(name)"}"#)
         case 7: send(p, #"{"op":"collection.insert","collection":"c0","index":\#(b % 3),"items":[{"id":"P:\#(a)","n":\#(b)}]}"#)
         case 8: send(p, #"{"op":"collection.remove","collection":"c0","index":\#(a % 3),"count":1}"#)
-        case 9: send(p, #"{"op":"batch","ops":[{"op":"update","model":{"id":"Q:\#(a % 3)","m":\#(b)}},{"op":"collection.remove","collection":"c0","ids":["P:\#(b % 4)"]}]}"#)
-        case 10: send(p, #"{"op":"ping"}"#)
+        case 9: send(p, #"{"op":"batch","if_unchanged_since":\#(max(0, engine.seq - b)),"ops":[{"op":"update","model":{"id":"Q:\#(a % 3)","m":\#(b)}},{"op":"collection.remove","collection":"c0","ids":["P:\#(b % 4)"]}]}"#)
+        case 10: send(p, b % 3 == 0 ? #"{"op":"sync"}"# : (b % 3 == 1 ? #"{"op":"ping","min_seq":\#(engine.seq)}"# : #"{"op":"ping"}"#))
         case 11: if b == 0 { send(p, #"{"op":"clear"}"#) }
         case 12: send(p, #"{"op":"update","model":{"id":"P:\#(a)","n":\#(b)},"force":true,"context":\#(b)}"#)
         case 13: send(p, #"{"op":"update","mode":"merge","model":{"id":"P:\#(a)","x":\#(b)}}"#)
