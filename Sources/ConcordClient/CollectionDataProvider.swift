@@ -223,30 +223,26 @@ public final class CollectionDataProvider<Model: ConcordModel>: @unchecked Senda
     private func emit(_ changes: [CollectionChange], _ context: JSON?) {
         // With optimistic layers pending (or just gone), `data` is the list
         // with the layers on top, and a change is shown as one `.reset`.
-        if layered != nil || !client.layers.isEmpty {
-            let shown = client.layers.apply(items)
-            // Layers that touch nothing here: the changes as they are.
-            if !(layered == nil && shown == items) {
-                let wasLayered = layered
-                layered = shown == items ? nil : shown
-                models = shown.compactMap { try? ModelCoding.model(Model.self, from: $0) }
-                if wasLayered == shown { return }
-                continuation.yield(CollectionProviderUpdate(changes: [.reset], context: context, data: models, optimistic: layered != nil))
-                return
-            }
+        switch client.layers.show(items, layered: &layered, event: true) {
+        case .asIs:
+            continuation.yield(CollectionProviderUpdate(changes: changes, context: context, data: models))
+        case .same:
+            models = (layered ?? items).compactMap { try? ModelCoding.model(Model.self, from: $0) }
+        case .reset(let shown):
+            showReset(shown, context)
         }
-        continuation.yield(CollectionProviderUpdate(changes: changes, context: context, data: models))
+    }
+
+    /// Under `lock`: `shown` becomes `data`, published as one `.reset`.
+    private func showReset(_ shown: [JSON], _ context: JSON?) {
+        models = shown.compactMap { try? ModelCoding.model(Model.self, from: $0) }
+        continuation.yield(CollectionProviderUpdate(changes: [.reset], context: context, data: models, optimistic: layered != nil))
     }
 
     /// The client's layers changed: show the list with the layers now pending.
     func layersChanged() {
         lock.withLock {
-            let shown = client.layers.apply(items)
-            let before = layered ?? items
-            layered = shown == items ? nil : shown
-            guard shown != before else { return }
-            models = shown.compactMap { try? ModelCoding.model(Model.self, from: $0) }
-            continuation.yield(CollectionProviderUpdate(changes: [.reset], context: nil, data: models, optimistic: layered != nil))
+            if case .reset(let shown) = client.layers.show(items, layered: &layered, event: false) { showReset(shown, nil) }
         }
     }
 

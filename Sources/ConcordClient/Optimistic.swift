@@ -114,6 +114,28 @@ final class OptimisticLayers: @unchecked Sendable {
         return v
     }
 
+    /// What a list provider shows next (``show(_:layered:event:)``).
+    enum ListShow {
+        /// No layer touches the list: publish its changes as they are.
+        case asIs
+        /// What is shown did not change: publish nothing.
+        case same
+        /// Show this list (the base with the layers on top) as one `.reset`.
+        case reset([JSON])
+    }
+
+    /// For a list provider whose base list is `items` and whose shown list
+    /// is `layered` (nil: the base): after an event changed the base
+    /// (`event`), or after the layers changed.
+    func show(_ items: [JSON], layered: inout [JSON]?, event: Bool) -> ListShow {
+        if event && layered == nil && isEmpty { return .asIs }
+        let shown = apply(items)
+        if layered == nil && shown == items { return event ? .asIs : .same }
+        let before = layered ?? items
+        layered = shown == items ? nil : shown
+        return shown == before ? .same : .reset(shown)
+    }
+
     /// A list with every pending layer applied to each item (deleted items leave).
     func apply(_ items: [JSON]) -> [JSON] {
         let (all, key) = lock.withLock { (layers, idKey()) }

@@ -201,28 +201,24 @@ public final class QueryDataProvider<Model: ConcordModel>: @unchecked Sendable, 
     /// with layers pending that change the window, as one `.reset` of the
     /// window with the layers on top.
     private func publish(_ changes: [CollectionChange], _ context: JSON?) {
-        if layered != nil || !client.layers.isEmpty {
-            let shown = client.layers.apply(items)
-            if !(layered == nil && shown == items) {
-                let was = layered
-                layered = shown == items ? nil : shown
-                models = shown.compactMap(decode)
-                if was == shown { return }
-                continuation.yield(QueryProviderUpdate(changes: [.reset], count: matching, context: context, data: models, optimistic: layered != nil))
-                return
-            }
+        switch client.layers.show(items, layered: &layered, event: true) {
+        case .asIs:
+            continuation.yield(QueryProviderUpdate(changes: changes, count: matching, context: context, data: models))
+        case .same:
+            models = (layered ?? items).compactMap(decode)
+        case .reset(let shown):
+            showReset(shown, context)
         }
-        continuation.yield(QueryProviderUpdate(changes: changes, count: matching, context: context, data: models))
+    }
+
+    private func showReset(_ shown: [JSON], _ context: JSON?) {
+        models = shown.compactMap(decode)
+        continuation.yield(QueryProviderUpdate(changes: [.reset], count: matching, context: context, data: models, optimistic: layered != nil))
     }
 
     func layersChanged() {
         lock.withLock {
-            let shown = client.layers.apply(items)
-            let before = layered ?? items
-            layered = shown == items ? nil : shown
-            guard shown != before else { return }
-            models = shown.compactMap(decode)
-            continuation.yield(QueryProviderUpdate(changes: [.reset], count: matching, context: nil, data: models, optimistic: layered != nil))
+            if case .reset(let shown) = client.layers.show(items, layered: &layered, event: false) { showReset(shown, nil) }
         }
     }
 }

@@ -138,24 +138,16 @@ extension Engine {
     public var hasSeqWaiters: Bool { !seqWaiters.isEmpty }
 
     /// Resumes the requests whose seq is reached.
-    func wakeSeqWaiters() {
-        let waiting = seqWaiters
-        seqWaiters = []
-        for c in waiting {
-            guard clients[c.id] === c, let w = c.waitingSeq else { continue }
-            if w.minSeq <= seq {
-                c.waitingSeq = nil
-                drain(c)
-            } else {
-                seqWaiters.append(c)
-            }
-        }
-    }
+    func wakeSeqWaiters() { serviceSeqWaiters(now: nil) }
 
-    /// Answers `unavailable` to the requests that waited past their timeout.
+    /// Also answers `unavailable` to the requests that waited past their timeout.
     public func expireSeqWaits() {
         guard !seqWaiters.isEmpty else { return }
-        let now = clock()
+        serviceSeqWaiters(now: clock())
+    }
+
+    /// Resumes the waiters whose seq is reached; with `now`, ends those past their deadline.
+    private func serviceSeqWaiters(now: Double?) {
         let waiting = seqWaiters
         seqWaiters = []
         for c in waiting {
@@ -163,7 +155,7 @@ extension Engine {
             if w.minSeq <= seq {
                 c.waitingSeq = nil
                 drain(c)
-            } else if now >= w.deadline || isShuttingDown {
+            } else if let now, now >= w.deadline || isShuttingDown {
                 c.waitingSeq = nil
                 _ = c.popBacklog()  // the line that waited
                 respondError(c, rid: w.rid, isShuttingDown ? ProtocolError(.shuttingDown, "the server is shutting down")
