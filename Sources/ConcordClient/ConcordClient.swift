@@ -401,6 +401,10 @@ public final class ConcordClient: @unchecked Sendable {
                 s.noteResynced(stateValue)
                 s.yield(.resynced(seq: seq, state: stateValue))
                 if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
+            } catch let e as ConcordError where [.disconnected, .shuttingDown, .closed].contains(e.code) {
+                // This connection is going away too (a server that is still
+                // stopping accepted it): the next reconnect resynchronizes.
+                continue
             } catch {
                 let removed = lock.withLock { state.subscriptions.removeValue(forKey: s.name) }
                 removed?.yield(.ended(seq: 0, context: nil))

@@ -26,6 +26,8 @@ public struct StorageWrite: Sendable {
     public var key: String
     /// Materialized; the storage thread normalizes and encodes it. nil: delete.
     public var value: StoredValue?
+    /// The seq of the record's last change when known (stored with it), else 0.
+    public var changedAt: Int = 0
 }
 
 public enum StoredValue: Sendable {
@@ -54,6 +56,8 @@ public struct LoadResult: Sendable {
     }
     public var ticket: Int
     public var records: [String: Record]
+    /// Key → the seq of the record's last change, when the record stores it.
+    public var changedAt: [String: Int] = [:]
     public var absent: [String]
     /// The prefixes that were listed (all of them, unless the backend cannot list).
     public var scanned: [String] = []
@@ -181,15 +185,16 @@ extension Engine {
         for t in expiredTokens { writes.append(StorageWrite(key: RecordCodec.tokenKey(t), value: nil)) }
         for id in store.entityJournal.keys {
             let v = store.entity(id)
-            writes.append(StorageWrite(key: RecordCodec.entityKey(id), value: v.map { .entity($0) }))
+            writes.append(StorageWrite(key: RecordCodec.entityKey(id), value: v.map { .entity($0) }, changedAt: versions.entities[id] ?? 0))
         }
         for key in store.documentJournal.keys {
             let v = store.document(key)
-            writes.append(StorageWrite(key: RecordCodec.documentKey(key), value: v.map { .document($0) }))
+            writes.append(StorageWrite(key: RecordCodec.documentKey(key), value: v.map { .document($0) }, changedAt: versions.documents[key] ?? 0))
         }
         for name in store.touchedCollections {
             let v = store.collections[name]
-            writes.append(StorageWrite(key: RecordCodec.collectionKey(name), value: v.map { .collection($0.ids) }))
+            writes.append(StorageWrite(key: RecordCodec.collectionKey(name), value: v.map { .collection($0.ids) },
+                                       changedAt: versions.collections[name] ?? 0))
         }
         for w in writes {
             for t in p.tickets.values { t.touched.insert(w.key) }
@@ -525,6 +530,16 @@ extension Engine {
                 if kept.count != ids.count { repairs.append(StorageWrite(key: key, value: .collection(kept))) }
             default:
                 continue
+            }
+        }
+        // The last changes the records stored, for those now in memory.
+        for (key, s) in r.changedAt where s > 0 && !touched.contains(key) {
+            guard let (kind, name) = RecordCodec.parse(key: key) else { continue }
+            switch kind {
+            case .entity: if store.entity(name) != nil, versions.entities[name] == nil { versions.entities[name] = s }
+            case .document: if store.document(name) != nil, versions.documents[name] == nil { versions.documents[name] = s }
+            case .collection: if store.collections[name] != nil, versions.collections[name] == nil { versions.collections[name] = s }
+            default: break
             }
         }
         store.commit()

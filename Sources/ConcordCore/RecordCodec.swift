@@ -4,7 +4,9 @@ public import ConcordJSON
 ///
 /// Keys: `e:<id>` an entity, `d:<key>` a document, `c:<name>` a collection,
 /// `s:schema` the schema, `t:<token>` a mutation's idempotency token
-/// (`{"v":1,"seq":n}`: the seq it was accepted with, PROTOCOL §4.1). Values are JSON envelopes with a format version:
+/// (`{"v":1,"seq":n}`: the seq it was accepted with, PROTOCOL §4.1).
+/// Records and collections carry `"s"`, the seq of their last change, when
+/// it is known (older records lack it and read as changed at the restart). Values are JSON envelopes with a format version:
 /// `{"v":1,"r":<record>}` for entities and documents, where every nested
 /// entity is reduced to a reference stub (`{"id":…}`, identity member only)
 /// — the normalized store: a record never holds another entity's contents;
@@ -76,9 +78,18 @@ public struct RecordCodec: Sendable {
         }
     }
 
-    public func encode(record: JSON) -> [UInt8] {
+    /// `changedAt`: the seq of the record's last change (PROTOCOL §3.2,
+    /// §4.1), stored as `"s"` when known (> 0); a record without it counts
+    /// as changed when it is read back.
+    public func encode(record: JSON, changedAt: Int = 0) -> [UInt8] {
         var w = JSONWriter(capacity: 128)
-        w.raw("{\"v\":1,\"r\":")
+        w.raw("{\"v\":1,")
+        if changedAt > 0 {
+            w.raw("\"s\":")
+            w.int(changedAt)
+            w.raw(",")
+        }
+        w.raw("\"r\":")
         w.value(record)
         w.raw("}")
         return w.bytes
@@ -97,9 +108,15 @@ public struct RecordCodec: Sendable {
         return n
     }
 
-    public func encode(collection ids: [String]) -> [UInt8] {
+    public func encode(collection ids: [String], changedAt: Int = 0) -> [UInt8] {
         var w = JSONWriter(capacity: 16 + ids.count * 16)
-        w.raw("{\"v\":1,\"ids\":[")
+        w.raw("{\"v\":1,")
+        if changedAt > 0 {
+            w.raw("\"s\":")
+            w.int(changedAt)
+            w.raw(",")
+        }
+        w.raw("\"ids\":[")
         for (i, id) in ids.enumerated() {
             if i > 0 { w.raw(",") }
             w.string(id)
@@ -142,6 +159,18 @@ public struct RecordCodec: Sendable {
     public func decodeRecord(_ bytes: [UInt8]) -> JSON? {
         guard let r = envelope(bytes)?["r"] else { return nil }
         return r
+    }
+
+    /// A record and the seq of its last change (0: not stored).
+    public func decodeRecordAndChange(_ bytes: [UInt8]) -> (JSON, Int)? {
+        guard let o = envelope(bytes), let r = o["r"] else { return nil }
+        return (r, o["s"]?.numberValue?.intValue ?? 0)
+    }
+
+    /// A collection's identities and the seq of its last change (0: not stored).
+    public func decodeCollectionAndChange(_ bytes: [UInt8]) -> ([String], Int)? {
+        guard let ids = decodeCollection(bytes) else { return nil }
+        return (ids, envelope(bytes)?["s"]?.numberValue?.intValue ?? 0)
     }
 
     public func decodeCollection(_ bytes: [UInt8]) -> [String]? {

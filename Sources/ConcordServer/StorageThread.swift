@@ -50,7 +50,8 @@ final class StorageThread: @unchecked Sendable {
     /// Set by the thread once a stop was asked for (flushes then ignore the backoff).
     private var draining = false
     /// Records not stored yet: the latest value per key (nil: delete).
-    private var pending: [String: StoredValue?] = [:]
+    /// Key → the newest value (nil: delete) and the seq of its last change.
+    private var pending: [String: (value: StoredValue?, changedAt: Int)] = [:]
     private var pendingSeq = 0
     /// A `clear` that has not reached the backend yet (it goes before `pending`).
     private var pendingClear: [(type: String, members: [String])]?
@@ -181,7 +182,7 @@ final class StorageThread: @unchecked Sendable {
         for item in items {
             switch item {
             case .write(let seq, let writes):
-                for w in writes { pending[w.key] = .some(w.value) }
+                for w in writes { pending[w.key] = (w.value, w.changedAt) }
                 pendingSeq = max(pendingSeq, seq)
             case .clear(let seq, let schema):
                 pending = [:]
@@ -200,11 +201,11 @@ final class StorageThread: @unchecked Sendable {
         flush()
     }
 
-    private func encode(_ v: StoredValue) -> [UInt8] {
+    private func encode(_ v: StoredValue, changedAt: Int = 0) -> [UInt8] {
         switch v {
-        case .entity(let value): return codec.encode(record: codec.normalize(value, includingRoot: false))
-        case .document(let value): return codec.encode(record: codec.normalize(value, includingRoot: true))
-        case .collection(let ids): return codec.encode(collection: ids)
+        case .entity(let value): return codec.encode(record: codec.normalize(value, includingRoot: false), changedAt: changedAt)
+        case .document(let value): return codec.encode(record: codec.normalize(value, includingRoot: true), changedAt: changedAt)
+        case .collection(let ids): return codec.encode(collection: ids, changedAt: changedAt)
         case .schema(let lists): return codec.encode(schema: lists)
         case .token(let seq): return codec.encode(token: seq)
         }
@@ -227,7 +228,7 @@ final class StorageThread: @unchecked Sendable {
             }
             var writes: [(key: [UInt8], value: [UInt8]?)] = []
             writes.reserveCapacity(pending.count + 1)
-            for (key, value) in pending { writes.append((Array(key.utf8), value.map(encode))) }
+            for (key, p) in pending { writes.append((Array(key.utf8), p.value.map { encode($0, changedAt: p.changedAt) })) }
             // The last mutation number and the reservation travel with every batch.
             writes.append((Array(Self.seqKey.utf8), Array("{\"v\":1,\"seq\":\(seq),\"reserved\":\(reserve)}".utf8)))
             try backend.writeBatch(writes)
@@ -305,8 +306,9 @@ final class StorageThread: @unchecked Sendable {
                 for (k, v) in records {
                     let key = String(decoding: k, as: UTF8.self)
                     guard seen.insert(key).inserted else { continue }
-                    guard let r = codec.decodeRecord(v) else { badRecord(key); continue }
+                    guard let (r, s) = codec.decodeRecordAndChange(v) else { badRecord(key); continue }
                     result.records[key] = .entity(r)
+                    if s > 0 { result.changedAt[key] = s }
                     for id in codec.references(r, includingRoot: false) {
                         let ck = RecordCodec.entityKey(id)
                         if seen.insert(ck).inserted { queue.append(ck) }
@@ -325,16 +327,19 @@ final class StorageThread: @unchecked Sendable {
                 var refs: [String] = []
                 switch kind {
                 case .entity:
-                    guard let r = codec.decodeRecord(bytes) else { badRecord(key); result.absent.append(key); continue }
+                    guard let (r, s) = codec.decodeRecordAndChange(bytes) else { badRecord(key); result.absent.append(key); continue }
                     result.records[key] = .entity(r)
+                    if s > 0 { result.changedAt[key] = s }
                     refs = codec.references(r, includingRoot: false)
                 case .document:
-                    guard let r = codec.decodeRecord(bytes) else { badRecord(key); result.absent.append(key); continue }
+                    guard let (r, s) = codec.decodeRecordAndChange(bytes) else { badRecord(key); result.absent.append(key); continue }
                     result.records[key] = .document(r)
+                    if s > 0 { result.changedAt[key] = s }
                     refs = codec.references(r, includingRoot: true)
                 case .collection:
-                    guard let ids = codec.decodeCollection(bytes) else { badRecord(key); result.absent.append(key); continue }
+                    guard let (ids, s) = codec.decodeCollectionAndChange(bytes) else { badRecord(key); result.absent.append(key); continue }
                     result.records[key] = .collection(ids)
+                    if s > 0 { result.changedAt[key] = s }
                     refs = ids
                 case .schema:
                     continue

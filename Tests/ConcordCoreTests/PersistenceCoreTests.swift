@@ -23,9 +23,9 @@ final class FakeStorage {
                 for w in writes {
                     switch w.value {
                     case nil: records[w.key] = nil
-                    case .entity(let v)?: records[w.key] = codec.encode(record: codec.normalize(v, includingRoot: false))
-                    case .document(let v)?: records[w.key] = codec.encode(record: codec.normalize(v, includingRoot: true))
-                    case .collection(let ids)?: records[w.key] = codec.encode(collection: ids)
+                    case .entity(let v)?: records[w.key] = codec.encode(record: codec.normalize(v, includingRoot: false), changedAt: w.changedAt)
+                    case .document(let v)?: records[w.key] = codec.encode(record: codec.normalize(v, includingRoot: true), changedAt: w.changedAt)
+                    case .collection(let ids)?: records[w.key] = codec.encode(collection: ids, changedAt: w.changedAt)
                     case .schema(let s)?: records[w.key] = codec.encode(schema: s)
                     case .token(let n)?: records[w.key] = codec.encode(token: n)
                     }
@@ -49,12 +49,14 @@ final class FakeStorage {
                     var refs: [String] = []
                     switch kind {
                     case .entity:
-                        let r = codec.decodeRecord(bytes)!
+                        let (r, s) = codec.decodeRecordAndChange(bytes)!
                         result.records[key] = .entity(r)
+                        if s > 0 { result.changedAt[key] = s }
                         refs = codec.references(r, includingRoot: false)
                     case .document:
-                        let r = codec.decodeRecord(bytes)!
+                        let (r, s) = codec.decodeRecordAndChange(bytes)!
                         result.records[key] = .document(r)
+                        if s > 0 { result.changedAt[key] = s }
                         refs = codec.references(r, includingRoot: true)
                     case .token:
                         result.records[key] = .token(codec.decodeToken(bytes)!)
@@ -94,9 +96,9 @@ struct PersistenceCoreTests {
         a.ok(#"{"op":"update","key":"k","model":{"list":[{"id":"M:1","from":{"id":"U:1","n":"a"}}]}}"#)
         s.take(from: h.engine)
         s.run(h.engine)
-        #expect(String(decoding: s.records["e:M:1"]!, as: UTF8.self) == #"{"v":1,"r":{"id":"M:1","from":{"id":"U:1"}}}"#)
-        #expect(String(decoding: s.records["d:k"]!, as: UTF8.self) == #"{"v":1,"r":{"list":[{"id":"M:1"}]}}"#)
-        #expect(String(decoding: s.records["e:U:1"]!, as: UTF8.self) == #"{"v":1,"r":{"id":"U:1","n":"a"}}"#)
+        #expect(String(decoding: s.records["e:M:1"]!, as: UTF8.self) == #"{"v":1,"s":1,"r":{"id":"M:1","from":{"id":"U:1"}}}"#)
+        #expect(String(decoding: s.records["d:k"]!, as: UTF8.self) == #"{"v":1,"s":1,"r":{"list":[{"id":"M:1"}]}}"#)
+        #expect(String(decoding: s.records["e:U:1"]!, as: UTF8.self) == #"{"v":1,"s":1,"r":{"id":"U:1","n":"a"}}"#)
     }
 
     @Test func aRestartedEngineReadsThroughWithCurrentEntities() {

@@ -15,6 +15,8 @@ struct ClientResilienceTests {
         var config = ConcordClient.Configuration(socketPath: proxy.path)
         config.initialBackoff = .milliseconds(10)
         config.maxBackoff = .milliseconds(50)
+        // Generous: under a sanitizer with every suite running, a reconnect can take seconds.
+        config.retryTimeout = .seconds(120)
         return try await ConcordClient.connect(config)
     }
 

@@ -49,8 +49,7 @@ struct PersistenceTests {
     /// evicted under --memory-limit. Every backend lists by prefix (`scan`).
     /// A token outlives the process (PROTOCOL §4.1): a retry after a restart
     /// gets the original answer; a conditional write compares with the
-    /// records read back (their last changes are not known per record after
-    /// a restart: they count as changed at the restart).
+    /// records read back, whose last change is stored with them.
     @Test func tokensAndConditionsAcrossARestart() throws {
         let db = Self.tempPath("t.sqlite")
         let args = ["--cache", "sqlite", "--cache-path", db, "--durability", "sync"]
@@ -67,9 +66,13 @@ struct PersistenceTests {
         #expect(retry["seq"] == 2)
         #expect(retry["duplicate"] == true)
         #expect(try c.request(#"{"op":"get","collection":"c"}"#)["items"]?.arrayValue?.count == 1)
-        // A:1 is on disk, not in memory: "never written" (0) must conflict.
-        #expect(try c.request(#"{"op":"update","if_unchanged_since":0,"model":{"id":"A:1","n":2}}"#)["error"]?["code"] == "conflict")
-        #expect(try c.request(#"{"op":"update","if_unchanged_since":2,"model":{"id":"A:1","n":2}}"#)["seq"] == 3)
+        // A:1 is on disk, not in memory, last changed at seq 1: "never written" (0) conflicts, 1 does not.
+        let r = try c.request(#"{"op":"update","if_unchanged_since":0,"model":{"id":"A:1","n":2}}"#)
+        #expect(r["error"]?["code"] == "conflict")
+        #expect(r["error"]?["seq"] == 1)
+        #expect(try c.request(#"{"op":"update","if_unchanged_since":1,"model":{"id":"A:1","n":2}}"#)["seq"] == 3)
+        // A view resumed across the restart: unchanged since it was read.
+        #expect(try c.request(#"{"op":"subscribe","sub":"c","collection":"c","since":2}"#)["unchanged"] == true)
         #expect(try c.request(#"{"op":"update","if_unchanged_since":0,"model":{"id":"New:1"}}"#)["seq"] == 4)
         #expect(server.stop() == 0)
     }
