@@ -48,24 +48,14 @@ enum RangeKey {
         }
     }
 
-    /// By UTF-8 bytes (the order of ``QueryEval/compareStrings(_:_:)``); a
-    /// string "followed by anything" is above every string it prefixes.
+    /// By UTF-8 bytes (``QueryEval/compareStrings(_:_:)``); a string
+    /// "followed by anything" is above every string it prefixes.
     private static func compareStrings(_ x: String, _ xBeyond: Bool, _ y: String, _ yBeyond: Bool) -> Int {
-        var x = x, y = y
-        return x.withUTF8 { a in
-            y.withUTF8 { b in
-                let n = min(a.count, b.count)
-                var i = 0
-                while i < n {
-                    if a[i] != b[i] { return a[i] < b[i] ? -1 : 1 }
-                    i += 1
-                }
-                if a.count == b.count { return xBeyond == yBeyond ? 0 : (xBeyond ? 1 : -1) }
-                // One is a proper prefix of the other.
-                if a.count < b.count { return xBeyond ? 1 : -1 }
-                return yBeyond ? -1 : 1
-            }
-        }
+        let c = QueryEval.compareStrings(x, y)
+        if c == 0 { return xBeyond == yBeyond ? 0 : (xBeyond ? 1 : -1) }
+        if c < 0, xBeyond, y.utf8.starts(with: x.utf8) { return 1 }
+        if c > 0, yBeyond, x.utf8.starts(with: y.utf8) { return -1 }
+        return c
     }
 }
 

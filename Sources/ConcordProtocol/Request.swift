@@ -184,13 +184,18 @@ extension Request {
         let op = try decodeOperation(object, idKey: idKey)
         let r = Members(object)
         var request = Request(rid: rid, op: op)
-        request.timeoutMs = try r.optionalCount("timeout_ms")
+        // Only the requests that take them look for them (a mutation, the
+        // common request, pays nothing).
         switch op {
         case .subscribe:
             request.since = try r.optionalCount("since")
             request.minSeq = try r.optionalCount("min_seq")
+            request.timeoutMs = try r.optionalCount("timeout_ms")
         case .get, .ping:
             request.minSeq = try r.optionalCount("min_seq")
+            request.timeoutMs = try r.optionalCount("timeout_ms")
+        case .sync:
+            request.timeoutMs = try r.optionalCount("timeout_ms")
         default:
             break
         }

@@ -369,4 +369,22 @@ import Testing
             }
         }
     }
+
+    /// The range index's order: numbers before strings, strings by bytes, a
+    /// prefix's end above every string it prefixes and below the next one.
+    @Test func rangeKeysOrderAsTheIndexNeeds() {
+        func c(_ a: RangeKey, _ b: RangeKey) -> Int { RangeKey.compare(a, b) }
+        let ab = RangeKey.string("ab", beyond: false), abEnd = RangeKey.string("ab", beyond: true)
+        #expect(c(abEnd, .string("abzzz", beyond: false)) == 1)
+        #expect(c(.string("abzzz", beyond: false), abEnd) == -1)
+        #expect(c(abEnd, .string("ac", beyond: false)) == -1)
+        #expect(c(abEnd, ab) == 1)
+        #expect(c(ab, abEnd) == -1)
+        #expect(c(abEnd, abEnd) == 0)
+        #expect(c(.string("a", beyond: false), ab) == -1)
+        #expect(c(.string("a", beyond: true), .string("ab", beyond: true)) == 1)
+        #expect(c(.number(1e300), .string("", beyond: false)) == -1)
+        #expect(c(.start(.string), .string("", beyond: false)) == -1)
+        #expect(c(.end(.number), .start(.string)) == -1)
+    }
 }
