@@ -38,7 +38,14 @@ final class ClientSession {
     /// A request with `min_seq` past the applied seq: until when it waits, and its rid.
     var waitingSeq: (minSeq: Int, deadline: Double, rid: JSON)?
 
-    var isWaiting: Bool { waitingTicket != nil || waitingDurable != nil || waitingSeq != nil }
+    /// Cluster mode: the reference of this connection's mutation in the log, until it is applied.
+    var waitingLog: Int?
+    /// Cluster mode: a `sync` (or a `since` past the applied seq) waiting for the log's head.
+    var waitingSync: SyncWait?
+    /// The head request is run again after its sync wait (it must not wait again).
+    var rerunAfterSync = false
+
+    var isWaiting: Bool { waitingTicket != nil || waitingDurable != nil || waitingSeq != nil || waitingLog != nil || waitingSync != nil }
 
     func popBacklog() -> Engine.ParsedLine? {
         guard backlogHead < backlog.count else { return nil }

@@ -119,7 +119,7 @@ extension Engine {
         }
         versions.record(seq: seq, written: written, change: change, keys: keys, collections: lists,
                         collectionChanged: { self.store.collectionsChanged.contains($0) }, store: store)
-        let now = clock()
+        let now = versionsNow
         if let token { versions.remember(token: token, seq: seq, now: now) }
         return versions.expireTokens(seq: seq, now: now)
     }

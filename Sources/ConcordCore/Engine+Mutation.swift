@@ -17,13 +17,19 @@ struct ModelRender {
 extension Engine {
     // MARK: Applying
 
-    func mutate(_ c: ClientSession, rid: JSON, _ m: Mutation, _ options: MutationOptions) throws(ProtocolError) {
+    /// `fromLog`: read back from the cluster log (§8): an `origin` that is no
+    /// longer a subscription is ignored (it was checked when appended; the
+    /// outcome must not depend on one host's connections).
+    func mutate(_ c: ClientSession, rid: JSON, _ m: Mutation, _ options: MutationOptions, fromLog: Bool = false) throws(ProtocolError) {
         // A retry of an accepted mutation: its original answer, first of all (§4.1).
         if answerDuplicate(c, rid: rid, token: options.token) { return }
         var origins: Set<ObjectIdentifier> = []
         if let o = options.origin {
-            guard let s = c.subs[o] else { throw ProtocolError(.noSuchSub, "origin '\(clipID(o))' is not a live subscription of this connection") }
-            origins.insert(ObjectIdentifier(s))
+            if let s = c.subs[o] {
+                origins.insert(ObjectIdentifier(s))
+            } else if !fromLog {
+                throw ProtocolError(.noSuchSub, "origin '\(clipID(o))' is not a live subscription of this connection")
+            }
         }
         checkCongestion()
         try checkWritable()
@@ -44,6 +50,7 @@ extension Engine {
         for (i, op) in ops.enumerated() {
             guard let o = op.origin else { continue }
             guard let s = c.subs[o] else {
+                if fromLog { continue }
                 throw ProtocolError(.noSuchSub, "ops[\(i)]: origin '\(clipID(o))' is not a live subscription of this connection")
             }
             origins.insert(ObjectIdentifier(s))
@@ -121,7 +128,7 @@ extension Engine {
     private func clearAll(_ c: ClientSession, rid: JSON, context: JSON?, token: String?) {
         seq += 1
         versions.cleared(seq: seq)
-        if let token { versions.remember(token: token, seq: seq, now: clock()) }
+        if let token { versions.remember(token: token, seq: seq, now: versionsNow) }
         for client in clients.values {
             for s in Self.ordered(client.subs.values) {
                 client.output.append(deleteEventBytes(s, seq: seq, context: context))

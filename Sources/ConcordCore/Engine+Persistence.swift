@@ -582,7 +582,8 @@ extension Engine {
     // MARK: Backlog
 
     /// Answers queued lines until the client waits again or has none.
-    func drain(_ c: ClientSession) {
+    func drain(_ c: ClientSession, rerunning: Bool = false) {
+        if rerunning { c.rerunAfterSync = true }
         while !c.isWaiting, let line = c.popBacklog() {
             process(line, c)
         }

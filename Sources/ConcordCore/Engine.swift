@@ -150,6 +150,8 @@ public final class Engine {
 
     /// The number of the last applied mutation.
     public internal(set) var seq = 0
+    /// Cluster mode (PROTOCOL §8, Engine+Cluster.swift); nil on a single server.
+    var cluster: ClusterState?
     /// Last changes, history and tokens (PROTOCOL §3.2, §4.1).
     lazy var versions = Versions(historyMutations: configuration.historyMutations, historyEntityLimit: configuration.historyEntities,
                                  tokenRetention: configuration.tokenRetention, tokenByteLimit: configuration.tokenBytes)
@@ -337,6 +339,27 @@ public final class Engine {
             respondError(c, rid: request.rid, ProtocolError(.shuttingDown, "the server is shutting down"))
             return
         }
+        let rerun = c.rerunAfterSync
+        c.rerunAfterSync = false
+        if let cl = cluster {
+            if goesThroughLog(request) {
+                do {
+                    try appendToLog(request, value, c, cl)
+                } catch {
+                    respondError(c, rid: request.rid, error)
+                }
+                return
+            }
+            // `sync`, and a `since` this host has not reached (it may be the cluster's): wait for the log's head (§8.3, §8.9).
+            if case .sync = request.op {
+                parkForSync(c, parsed, rid: request.rid, timeoutMs: request.timeoutMs, rerun: false, cl)
+                return
+            }
+            if !rerun, case .subscribe = request.op, let n = request.since, n > seq {
+                parkForSync(c, parsed, rid: request.rid, timeoutMs: request.timeoutMs, rerun: true, cl)
+                return
+            }
+        }
         // `min_seq` past what is applied: answered once it is (§8.3).
         if let m = request.minSeq, m > seq {
             let timeout = Double(request.timeoutMs ?? 5000) / 1000
@@ -360,7 +383,7 @@ public final class Engine {
         checkInvariantsIfEnabled()
     }
 
-    func dispatch(_ r: Request, _ c: ClientSession) throws(ProtocolError) {
+    func dispatch(_ r: Request, _ c: ClientSession, fromLog: Bool = false) throws(ProtocolError) {
         switch r.op {
         case .hello(let name):
             if let name { c.name = name }
@@ -375,10 +398,17 @@ public final class Engine {
                 w.raw(",\"max_subscriptions_total\":"); w.int(configuration.maxSubscriptions)
                 w.raw(",\"history\":"); w.int(configuration.historyMutations)
                 w.raw("}")
+                if let cl = cluster {
+                    w.key("cluster"); w.raw("{\"name\":"); w.string(cl.settings.name)
+                    w.raw(",\"host\":"); w.string(cl.settings.host); w.raw("}")
+                }
             }
         case .ping, .sync:
             // On a single server every accepted mutation is applied: `sync` answers at once.
-            respond(c, rid: r.rid) { w in w.key("seq"); w.int(seq) }
+            respond(c, rid: r.rid) { w in
+                w.key("seq"); w.int(seq)
+                if let cl = cluster { writeClusterStatus(&w, cl) }
+            }
         case .stats(let listClients, let prometheus):
             respondStats(c, rid: r.rid, clients: listClients, prometheus: prometheus)
         case .get(let target):
@@ -427,7 +457,7 @@ public final class Engine {
             resume(s)
             respond(c, rid: r.rid) { _ in }
         case .mutation(let m, let options):
-            try mutate(c, rid: r.rid, m, options)
+            try mutate(c, rid: r.rid, m, options, fromLog: fromLog)
         }
     }
 
@@ -524,6 +554,7 @@ public final class Engine {
             w.raw("}")
             w.key("memory"); w.value(memory)
             w.key("cache"); w.value(cache)
+            if let cl = cluster { writeClusterStatus(&w, cl) }
             if listClients { w.raw(list) }
             if prometheus { w.key("prometheus"); w.string(prometheusText) }
         }

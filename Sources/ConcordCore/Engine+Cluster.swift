@@ -1,0 +1,429 @@
+public import ConcordJSON
+import ConcordProtocol
+
+/// Where a host stands with the cluster log (PROTOCOL.md §8.7).
+public enum ClusterLinkState: String, Sendable {
+    case attached
+    case detached
+    case catchingUp = "catching_up"
+    case resyncing
+}
+
+/// One entry of the cluster log as a host reads it back: the mutations one
+/// host appended in one window, in the order they are applied.
+public struct ClusterEntry: Sendable {
+    /// Position in the log (1, 2, …; a rejected mutation takes a position, not a seq).
+    public var offset: Int
+    /// The chain hash before and after this entry (`h = sha1hex(prev .. token)`).
+    public var previousHash: String
+    public var hash: String
+    /// The log's epoch (a new one when the log was wiped).
+    public var epoch: String
+    /// The appender's wall clock (the log server's TIME), seconds: "now" for
+    /// everything the apply needs a time for (token retention).
+    public var time: Double
+    /// The appending host's run (``ClusterSettings/origin``).
+    public var origin: String
+    /// Each mutation's reference on its host, and its request (canonical JSON).
+    public var mutations: [(ref: Int, line: [UInt8])]
+
+    public init(offset: Int, previousHash: String, hash: String, epoch: String, time: Double, origin: String,
+                mutations: [(ref: Int, line: [UInt8])]) {
+        self.offset = offset
+        self.previousHash = previousHash
+        self.hash = hash
+        self.epoch = epoch
+        self.time = time
+        self.origin = origin
+        self.mutations = mutations
+    }
+
+    /// `m`: one line per mutation, `REF SP REQUEST`.
+    public static func encode(_ mutations: [(ref: Int, line: [UInt8])]) -> [UInt8] {
+        var out: [UInt8] = []
+        for (ref, line) in mutations {
+            out.append(contentsOf: String(ref).utf8)
+            out.append(0x20)
+            out.append(contentsOf: line)
+            out.append(0x0A)
+        }
+        return out
+    }
+
+    /// The inverse of ``encode(_:)``; nil when the bytes are not such lines.
+    public static func decode(_ bytes: some Collection<UInt8>) -> [(ref: Int, line: [UInt8])]? {
+        var out: [(ref: Int, line: [UInt8])] = []
+        var it = Array(bytes)[...]
+        while !it.isEmpty {
+            guard let sp = it.firstIndex(of: 0x20), let nl = it[sp...].firstIndex(of: 0x0A),
+                  let ref = Int(String(decoding: it[..<sp], as: UTF8.self)) else { return nil }
+            out.append((ref, Array(it[(sp + 1)..<nl])))
+            it = it[(nl + 1)...]
+        }
+        return out
+    }
+}
+
+/// Cluster mode's settings, as the driver starts it.
+public struct ClusterSettings: Sendable {
+    /// The cluster's name (`--cluster-name`): the log's keys are `concord:{NAME}:…`.
+    public var name: String
+    /// This host's name for people (`hello.cluster.host`).
+    public var host: String
+    /// This process run, unique in the cluster: entries it appended are answered by it.
+    public var origin: String
+    /// Seconds a mutation waits for the log before it is answered
+    /// `unavailable` (with `indeterminate` when it may still be applied).
+    public var timeout: Double
+
+    public init(name: String, host: String, origin: String, timeout: Double = 5) {
+        self.name = name
+        self.host = host
+        self.origin = origin
+        self.timeout = timeout
+    }
+}
+
+/// What the driver learns about the log, for the core.
+public enum ClusterLogEvent: Sendable {
+    /// Connected and heartbeating: the log's epoch and head offset (0 when
+    /// the log is empty or not created yet: epoch "").
+    case attached(epoch: String, head: Int)
+    /// The log cannot be reached (no heartbeat answer within a second, or the connection failed).
+    case detached(reason: String)
+    /// The log's head offset (answers ``Engine/clusterHeadWanted``).
+    case head(Int)
+    /// Appends that did not go in: `indeterminate` when they may have.
+    case appendFailed(refs: [Int], indeterminate: Bool, reason: String)
+}
+
+/// The core's cluster state: all of it on the sequencer thread.
+final class ClusterState {
+    let settings: ClusterSettings
+    var link = ClusterLinkState.detached
+    var detachedReason = "not connected to the cluster log yet"
+    var epoch = ""
+    var appliedOffset = 0
+    var lastHash = ""
+    var headOffset = 0
+    var resyncs = 0
+    var nextRef = 1
+    /// Mutations of this host's clients appended (or about to be) and not applied yet.
+    var pending: [Int: (client: ClientSession, rid: JSON, deadline: Double)] = [:]
+    /// To hand to the driver: what to append, in order.
+    var appends: [(ref: Int, line: [UInt8])] = []
+    /// Connections whose `sync` (or cluster `since`) waits for the log's head.
+    var syncWaiters: [ClientSession] = []
+    var headWanted = false
+    /// During the apply of an entry: its time ("now" for token retention).
+    var entryTime: Double?
+    /// Receives the answers to mutations of other hosts (written nowhere).
+    let sink: ClientSession
+    /// Why the log cannot be followed any more (a gap, a rollback, a new epoch).
+    var broken: String?
+    /// See ``Engine/clusterOutcomeDigest``.
+    var outcomes: UInt64 = 0xcbf2_9ce4_8422_2325
+
+    static func fold(_ h: UInt64, _ s: String) -> UInt64 {
+        var h = h
+        for b in s.utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+        return (h ^ 0x0A) &* 0x100_0000_01b3
+    }
+
+    init(settings: ClusterSettings) {
+        self.settings = settings
+        sink = ClientSession(id: -1, flow: ConnectionFlow())
+        sink.closed = true
+    }
+}
+
+/// A `sync` (or a `since` the host has not reached) waiting for the log.
+struct SyncWait {
+    var rid: JSON
+    var deadline: Double
+    /// The log offset to reach; nil until the head is known.
+    var target: Int?
+    /// Run the request again once reached (a `since`), instead of answering `seq`.
+    var rerun: Bool
+}
+
+/// Cluster mode (PROTOCOL.md §8): mutations go to the log and are applied
+/// when read back from it, in log order, on every host alike.
+extension Engine {
+    /// Turns cluster mode on (before any connection).
+    public func enableCluster(_ settings: ClusterSettings) {
+        cluster = ClusterState(settings: settings)
+    }
+
+    public var isClustered: Bool { cluster != nil }
+
+    /// "Now" for token retention: the log entry's time while one is applied.
+    var versionsNow: Double { cluster?.entryTime ?? clock() }
+
+    /// Appends for the driver, in order (taken once).
+    public func takeClusterAppends() -> [(ref: Int, line: [UInt8])] {
+        guard let cl = cluster, !cl.appends.isEmpty else { return [] }
+        defer { cl.appends.removeAll(keepingCapacity: true) }
+        return cl.appends
+    }
+
+    /// True once when a `sync` needs the log's head offset.
+    public func takeClusterHeadWanted() -> Bool {
+        guard let cl = cluster, cl.headWanted else { return false }
+        cl.headWanted = false
+        return true
+    }
+
+    public var clusterAppliedOffset: Int { cluster?.appliedOffset ?? 0 }
+    public var clusterEpoch: String { cluster?.epoch ?? "" }
+    public var clusterLink: ClusterLinkState? { cluster?.link }
+    /// Whether the core can take more entries (it is following the log).
+    public var clusterBroken: String? { cluster?.broken }
+
+    /// Requests that go through the log: every mutation, and `schema` with lists (§8.6).
+    func goesThroughLog(_ r: Request) -> Bool {
+        switch r.op {
+        case .mutation: return true
+        case .schema(let lists): return lists != nil
+        default: return false
+        }
+    }
+
+    /// A mutation of a local client: checked for what only this connection
+    /// can know (its `origin` subscriptions), then appended; the connection
+    /// waits until the log brings it back (its answer is written then).
+    func appendToLog(_ r: Request, _ value: JSON, _ c: ClientSession, _ cl: ClusterState) throws(ProtocolError) {
+        guard cl.link == .attached || cl.link == .catchingUp, cl.broken == nil else {
+            throw ProtocolError(.unavailable, "the cluster log cannot be reached (\(cl.broken ?? cl.detachedReason)); nothing was applied")
+        }
+        if case .mutation(let m, let options) = r.op {
+            if let o = options.origin, c.subs[o] == nil {
+                throw ProtocolError(.noSuchSub, "origin '\(clipID(o))' is not a live subscription of this connection")
+            }
+            if case .batch(let ops) = m {
+                for (i, op) in ops.enumerated() {
+                    if let o = op.origin, c.subs[o] == nil {
+                        throw ProtocolError(.noSuchSub, "ops[\(i)]: origin '\(clipID(o))' is not a live subscription of this connection")
+                    }
+                }
+            }
+        }
+        let ref = cl.nextRef
+        cl.nextRef += 1
+        var w = JSONWriter(capacity: 256)
+        w.value(value)
+        cl.appends.append((ref, w.bytes))
+        cl.pending[ref] = (c, r.rid, clock() + cl.settings.timeout)
+        c.waitingLog = ref
+    }
+
+    /// `sync` in cluster mode: waits for the log's head, then for this host to apply it.
+    func parkForSync(_ c: ClientSession, _ parsed: ParsedLine, rid: JSON, timeoutMs: Int?, rerun: Bool, _ cl: ClusterState) {
+        c.waitingSync = SyncWait(rid: rid, deadline: clock() + Double(timeoutMs ?? 5000) / 1000, target: nil, rerun: rerun)
+        if rerun { c.backlog.insert(parsed, at: c.backlogHead) }
+        cl.syncWaiters.append(c)
+        cl.headWanted = true
+    }
+
+    /// What the driver learned about the log.
+    public func clusterEvent(_ event: ClusterLogEvent) {
+        guard let cl = cluster else { return }
+        switch event {
+        case .attached(let epoch, let head):
+            cl.headOffset = max(cl.headOffset, head)
+            if !cl.epoch.isEmpty, !epoch.isEmpty, epoch != cl.epoch, cl.broken == nil {
+                cl.broken = "the log was recreated (epoch \(epoch), this host applied epoch \(cl.epoch)); rebuilding from a snapshot is not built yet"
+            } else if cl.epoch == epoch || cl.epoch.isEmpty, head < cl.appliedOffset, cl.broken == nil {
+                cl.broken = "the log lost entries (its head is \(head), this host applied \(cl.appliedOffset)); rebuilding from a snapshot is not built yet"
+            }
+            if cl.broken != nil {
+                cl.link = .resyncing
+            } else {
+                cl.link = head > cl.appliedOffset ? .catchingUp : .attached
+            }
+            if !cl.syncWaiters.isEmpty { cl.headWanted = true }
+        case .detached(let reason):
+            cl.link = .detached
+            cl.detachedReason = reason
+        case .head(let head):
+            cl.headOffset = max(cl.headOffset, head)
+            for c in cl.syncWaiters where c.waitingSync != nil && c.waitingSync!.target == nil {
+                c.waitingSync!.target = head
+            }
+            serviceSyncWaiters(now: nil)
+        case .appendFailed(let refs, let indeterminate, let reason):
+            for ref in refs {
+                guard let p = cl.pending.removeValue(forKey: ref) else { continue }
+                guard clients[p.client.id] === p.client else { continue }
+                p.client.waitingLog = nil
+                let e = indeterminate
+                    ? ProtocolError(.unavailable, "the cluster log did not confirm the mutation (\(reason)); it may still be applied, once — retry with the same token to learn its outcome",
+                                    details: [("indeterminate", .bool(true))])
+                    : ProtocolError(.unavailable, "the cluster log refused or could not take the mutation (\(reason)); nothing was applied")
+                respondError(p.client, rid: p.rid, e)
+                drain(p.client)
+            }
+        }
+    }
+
+    /// Applies one entry read back from the log. Returns false (and applies
+    /// nothing) when it does not follow what this host applied: the log lost
+    /// entries or was replaced — the host stops following it (`resyncing`).
+    @discardableResult
+    public func applyClusterEntry(_ entry: ClusterEntry) -> Bool {
+        guard let cl = cluster, cl.broken == nil else { return false }
+        // Read again (a reader that reconnected from an older position): applied already.
+        if entry.epoch == cl.epoch, entry.offset <= cl.appliedOffset { return true }
+        if !cl.epoch.isEmpty, entry.epoch != cl.epoch {
+            cl.broken = "the log was recreated (epoch \(entry.epoch) after \(cl.epoch)); rebuilding from a snapshot is not built yet"
+        } else if entry.offset != cl.appliedOffset + 1 {
+            cl.broken = "the log skips from offset \(cl.appliedOffset) to \(entry.offset); rebuilding from a snapshot is not built yet"
+        } else if entry.previousHash != cl.lastHash {
+            cl.broken = "the log's hash chain does not continue this host's at offset \(entry.offset) (it lost entries and grew again); rebuilding from a snapshot is not built yet"
+        }
+        if cl.broken != nil {
+            cl.link = .resyncing
+            return false
+        }
+        cl.epoch = entry.epoch
+        cl.appliedOffset = entry.offset
+        cl.lastHash = entry.hash
+        cl.entryTime = entry.time
+        defer { cl.entryTime = nil }
+        let mine = entry.origin == cl.settings.origin
+        let before = seq
+        for (ref, line) in entry.mutations {
+            var session = cl.sink
+            if mine, let p = cl.pending.removeValue(forKey: ref), clients[p.client.id] === p.client {
+                session = p.client
+                session.waitingLog = nil
+            }
+            let outcome = applyLogged(Self.parse(line, parser: parser), session)
+            cl.outcomes = ClusterState.fold(cl.outcomes, "\(entry.offset) \(ref) \(outcome)")
+            if session === cl.sink {
+                cl.sink.output = OutputQueue()
+            } else {
+                drain(session)
+            }
+        }
+        if cl.link == .catchingUp, cl.appliedOffset >= cl.headOffset { cl.link = .attached }
+        cl.headOffset = max(cl.headOffset, cl.appliedOffset)
+        if seq != before && !seqWaiters.isEmpty { wakeSeqWaiters() }
+        if !cl.syncWaiters.isEmpty { serviceSyncWaiters(now: nil) }
+        checkInvariantsIfEnabled()
+        return true
+    }
+
+    /// One mutation from the log: decoded and applied as on a single server.
+    /// Its outcome depends only on the state and the request: the checks
+    /// that depend on one host (the connection's `origin` subscriptions, the
+    /// backend) happened before it was appended.
+    /// Returns its outcome: `ok SEQ` or the error code.
+    private func applyLogged(_ parsed: ParsedLine, _ c: ClientSession) -> String {
+        guard case .value(let value) = parsed, let request = try? Request.decode(value, idKey: configuration.idKey) else {
+            // Appended only after decoding: a line that does not decode is another engine version's.
+            if c !== cluster?.sink { respondError(c, rid: .null, ProtocolError(.internal, "a log entry did not decode on this host")) }
+            return "undecodable"
+        }
+        requestsByOp[request.op.metricIndex] += 1
+        do {
+            try dispatch(request, c, fromLog: true)
+            return "ok \(seq)"
+        } catch {
+            respondError(c, rid: request.rid, error)
+            return error.code.rawValue
+        }
+    }
+
+    /// A running hash of every applied mutation's outcome (offset, ref,
+    /// `ok SEQ` or the error code): equal on hosts that agree.
+    public var clusterOutcomeDigest: UInt64 { cluster?.outcomes ?? 0 }
+
+    /// Answers the `sync` waits whose offset is reached; with `now`, those past their deadline.
+    func serviceSyncWaiters(now: Double?) {
+        guard let cl = cluster else { return }
+        let waiting = cl.syncWaiters
+        cl.syncWaiters = []
+        for c in waiting {
+            guard clients[c.id] === c, let w = c.waitingSync else { continue }
+            if let t = w.target, cl.appliedOffset >= t {
+                c.waitingSync = nil
+                if !w.rerun { respond(c, rid: w.rid) { w in w.key("seq"); w.int(seq) } }
+                drain(c, rerunning: w.rerun)
+            } else if let now, now >= w.deadline || isShuttingDown {
+                c.waitingSync = nil
+                if w.rerun { _ = c.popBacklog() }
+                respondError(c, rid: w.rid, isShuttingDown ? ProtocolError(.shuttingDown, "the server is shutting down")
+                                 : ProtocolError(.unavailable, "this host did not reach the cluster log's head within the timeout (applied offset \(cl.appliedOffset), seq \(seq))"))
+                drain(c)
+            } else {
+                cl.syncWaiters.append(c)
+            }
+        }
+    }
+
+    /// Ends the waits past their deadline: mutations the log did not bring
+    /// back (`indeterminate`: they may still be applied) and `sync`s.
+    public func expireClusterWaits() {
+        guard let cl = cluster else { return }
+        let now = clock()
+        if !cl.pending.isEmpty {
+            var late: [Int] = []
+            for (ref, p) in cl.pending where now >= p.deadline || isShuttingDown { late.append(ref) }
+            if !late.isEmpty {
+                late.sort()
+                clusterEvent(.appendFailed(refs: late, indeterminate: true, reason: "no answer within \(cl.settings.timeout) s"))
+            }
+        }
+        if !cl.syncWaiters.isEmpty { serviceSyncWaiters(now: now) }
+    }
+
+    public var hasClusterWaits: Bool {
+        guard let cl = cluster else { return false }
+        return !cl.pending.isEmpty || !cl.syncWaiters.isEmpty
+    }
+
+    /// `"cluster":{…}` of `ping` and `stats` (§8.7).
+    func writeClusterStatus(_ w: inout JSONWriter, _ cl: ClusterState) {
+        w.key("cluster")
+        w.raw("{\"state\":"); w.string(cl.link.rawValue)
+        w.raw(",\"epoch\":"); w.string(cl.epoch)
+        w.raw(",\"applied_offset\":"); w.int(cl.appliedOffset)
+        w.raw(",\"seq\":"); w.int(seq)
+        w.raw(",\"lag_entries\":"); w.int(max(0, cl.headOffset - cl.appliedOffset))
+        w.raw(",\"resyncs\":"); w.int(cl.resyncs)
+        w.raw(",\"name\":"); w.string(cl.settings.name)
+        w.raw(",\"host\":"); w.string(cl.settings.host)
+        w.raw(",\"pending\":"); w.int(cl.pending.count)
+        if let b = cl.broken { w.raw(",\"problem\":"); w.string(b) }
+        w.raw("}")
+    }
+
+    /// An order-independent hash of the whole state (entities, documents,
+    /// collections, schema, seq): equal on hosts that applied the same log.
+    /// FNV-1a over canonical encodings, summed — not `Hasher`, whose seed
+    /// differs per process.
+    public func stateDigest() -> UInt64 {
+        func fnv(_ tag: UInt8, _ name: String, _ value: JSON?) -> UInt64 {
+            var h: UInt64 = 0xcbf2_9ce4_8422_2325
+            func eat(_ b: UInt8) { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+            eat(tag)
+            for b in name.utf8 { eat(b) }
+            eat(0)
+            if let value {
+                var w = JSONWriter(capacity: 64)
+                w.value(value)
+                for b in w.bytes { eat(b) }
+            }
+            return h
+        }
+        var sum: UInt64 = fnv(0x73, String(seq), nil)
+        for id in store.entities.keys { sum &+= fnv(0x65, id, store.entity(id)) }
+        for key in store.documents.keys { sum &+= fnv(0x64, key, store.document(key)) }
+        for name in store.collections.keys { sum &+= fnv(0x63, name, .array(store.collectionItems(name))) }
+        var sw = JSONWriter(capacity: 64)
+        RecordCodec.writeSchema(&sw, store.requiredLists)
+        sum &+= fnv(0x72, String(decoding: sw.bytes, as: UTF8.self), nil)
+        return sum
+    }
+}

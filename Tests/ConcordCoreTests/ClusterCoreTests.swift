@@ -1,0 +1,206 @@
+import ConcordJSON
+import ConcordProtocol
+import Synchronization
+import Testing
+
+@testable import ConcordCore
+
+/// A cluster log in memory: each host's appends of one pump become one
+/// entry, chained like the Redis script chains them.
+final class FakeLog {
+    var entries: [ClusterEntry] = []
+    var hash = ""
+    var epoch = "e1"
+    var time = 1_000.0
+
+    func append(origin: String, _ mutations: [(ref: Int, line: [UInt8])]) {
+        guard !mutations.isEmpty else { return }
+        let offset = (entries.last?.offset ?? 0) + 1
+        let prev = hash
+        hash = String(ClusterState.fold(0, prev + "|" + origin + "|\(offset)"), radix: 16)
+        time += 0.5
+        entries.append(ClusterEntry(offset: offset, previousHash: prev, hash: hash, epoch: epoch, time: time,
+                                    origin: origin, mutations: mutations))
+    }
+}
+
+/// Hosts (engines) sharing one ``FakeLog``; each reads the log up to its own position.
+final class FakeCluster {
+    let log = FakeLog()
+    var hosts: [EngineHarness] = []
+    var read: [Int] = []
+
+    init(hosts n: Int) {
+        for i in 0..<n {
+            let h = EngineHarness()
+            h.engine.enableCluster(ClusterSettings(name: "t", host: "h\(i)", origin: "h\(i)#run", timeout: 5))
+            h.engine.clusterEvent(.attached(epoch: "", head: 0))
+            hosts.append(h)
+            read.append(0)
+        }
+    }
+
+    /// Every host's appends go into the log (host order), then `upTo` hosts read what they have not.
+    func pump(readers: [Int]? = nil) {
+        for (i, h) in hosts.enumerated() { log.append(origin: "h\(i)#run", h.engine.takeClusterAppends()) }
+        for i in readers ?? Array(hosts.indices) { deliver(i) }
+    }
+
+    func deliver(_ i: Int) {
+        let h = hosts[i]
+        while read[i] < log.entries.count {
+            #expect(h.engine.applyClusterEntry(log.entries[read[i]]))
+            read[i] += 1
+        }
+        h.engine.clusterEvent(.head(log.entries.count))
+        h.pumpPublic()
+    }
+}
+
+@Suite struct ClusterCoreTests {
+    @Test func aMutationIsAnsweredWhenTheLogBringsItBackWithTheSameSeqEverywhere() {
+        let cl = FakeCluster(hosts: 3)
+        let writer = cl.hosts[0].connect()
+        let watcher = cl.hosts[2].connect()
+        watcher.ok(#"{"op":"subscribe","sub":"p","model":{"id":"P1","name":"Ada"}}"#)
+        writer.post(#"{"rid":1,"op":"update","model":{"id":"P1","name":"Grace"}}"#)
+        // Not applied anywhere before the log brings it back.
+        #expect(writer.takeResponses().isEmpty)
+        #expect(cl.hosts[0].engine.seq == 0)
+        cl.pump()
+        let r = writer.takeResponses()
+        #expect(r.count == 1 && r[0]["ok"] == true && r[0]["seq"] == 1)
+        let events = watcher.take()
+        #expect(events.count == 1 && events[0]["seq"] == 1 && events[0]["model"]?["name"] == "Grace")
+        #expect(Set(cl.hosts.map { $0.engine.stateDigest() }).count == 1)
+        // A rejected mutation takes a log position and no seq.
+        writer.post(#"{"rid":2,"op":"update","model":{"id":"P1","name":"X"},"if_unchanged_since":0}"#)
+        cl.pump()
+        #expect(writer.takeResponses().first?["error"]?["code"] == "conflict")
+        #expect(cl.hosts.allSatisfy { $0.engine.seq == 1 && $0.engine.clusterAppliedOffset == 2 })
+    }
+
+    @Test func requestsBehindAnAppendedMutationWaitForIt() {
+        let cl = FakeCluster(hosts: 2)
+        let c = cl.hosts[0].connect()
+        c.post(#"{"rid":1,"op":"update","key":"k","model":{"v":1}}"#)
+        c.post(#"{"rid":2,"op":"get","key":"k"}"#)
+        #expect(c.takeResponses().isEmpty)
+        cl.pump()
+        let r = c.takeResponses()
+        #expect(r.map { $0["rid"] } == [1, 2])
+        #expect(r[1]["model"]?["v"] == 1)
+    }
+
+    @Test func randomOperationsOnThreeHostsLeaveEqualStates() {
+        var rng = SplitMix(seed: 0xC0FFEE)
+        let cl = FakeCluster(hosts: 3)
+        var conns: [[TestConn]] = cl.hosts.map { h in (0..<3).map { _ in h.connect() } }
+        for (hi, h) in conns.enumerated() {
+            for (ci, c) in h.enumerated() {
+                c.ok(#"{"op":"subscribe","sub":"f","feed":{}}"#)
+                c.ok(#"{"op":"subscribe","sub":"k\#(ci)","key":"k\#((hi + ci) % 4)"}"#)
+            }
+        }
+        for round in 0..<300 {
+            for _ in 0..<Int(rng.next() % 6) {
+                let h = Int(rng.next() % 3), c = Int(rng.next() % 3)
+                let id = rng.next() % 12, v = rng.next() % 50
+                let line: String
+                switch rng.next() % 9 {
+                case 0, 1, 2: line = #"{"rid":\#(round),"op":"update","model":{"id":"E\#(id)","v":\#(v),"friend":{"id":"E\#((id + 1) % 12)"}}}"#
+                case 3: line = #"{"rid":\#(round),"op":"update","key":"k\#(id % 4)","model":{"a":{"id":"E\#(id)","w":\#(v)}}}"#
+                case 4: line = #"{"rid":\#(round),"op":"delete","id":"E\#(id)"}"#
+                case 5: line = #"{"rid":\#(round),"op":"update","model":{"id":"E\#(id)","v":\#(v)},"if_unchanged_since":\#(max(0, cl.hosts[h].engine.seq - Int(v % 3)))}"#
+                case 6: line = #"{"rid":\#(round),"op":"update","model":{"id":"T\#(v % 5)"},"token":"tok\#(v % 7)"}"#
+                case 7: line = #"{"rid":\#(round),"op":"batch","ops":[{"op":"update","model":{"id":"E\#(id)","v":1}},{"op":"collection_insert","collection":"L","index":\#(v % 3),"items":[{"id":"E\#(v % 12)"}]}]}"#
+                default: line = #"{"rid":\#(round),"op":"collection_set","collection":"L","items":[{"id":"E\#(id)"}]}"#
+                }
+                conns[h][c].post(line)
+            }
+            // Hosts read at different times: sometimes one lags a round.
+            let lagging = Int(rng.next() % 4)
+            cl.pump(readers: (0..<3).filter { $0 != lagging })
+        }
+        cl.pump()
+        let digests = Set(cl.hosts.map { $0.engine.stateDigest() })
+        let outcomes = Set(cl.hosts.map { $0.engine.clusterOutcomeDigest })
+        let seqs = Set(cl.hosts.map { $0.engine.seq })
+        #expect(digests.count == 1)
+        #expect(outcomes.count == 1)
+        #expect(seqs.count == 1 && seqs.first! > 100)
+        // Every feed got the same events, byte for byte, on every host.
+        let feeds = conns.map { h in h[0].take().filter { $0["sub"] == "f" }.map { $0.compactString } }
+        #expect(feeds[0].count > 100 && feeds[0] == feeds[1] && feeds[1] == feeds[2])
+        conns = []
+    }
+
+    @Test func aGapARollbackAndANewEpochStopTheHostFollowing() {
+        for damage in ["gap", "rollback", "epoch"] {
+            let cl = FakeCluster(hosts: 1)
+            let c = cl.hosts[0].connect()
+            c.post(#"{"op":"update","model":{"id":"A","v":1}}"#)
+            cl.pump()
+            let engine = cl.hosts[0].engine
+            var next = ClusterEntry(offset: 2, previousHash: cl.log.hash, hash: "x", epoch: "e1", time: 0,
+                                    origin: "other", mutations: [(1, Array(#"{"op":"update","model":{"id":"A","v":2}}"#.utf8))])
+            // The same entry read twice is skipped, not an error.
+            #expect(engine.applyClusterEntry(cl.log.entries[0]))
+            switch damage {
+            case "gap": next.offset = 3
+            case "rollback": next.previousHash = "not-the-chain"
+            default: next.epoch = "e2"
+            }
+            #expect(!engine.applyClusterEntry(next), "\(damage)")
+            #expect(engine.clusterLink == .resyncing)
+            #expect(engine.seq == 1)
+            let r = c.send(#"{"op":"update","model":{"id":"A","v":3}}"#)
+            #expect(r["error"]?["code"] == "unavailable")
+            #expect(c.send(#"{"op":"ping"}"#)["cluster"]?["state"] == "resyncing")
+        }
+    }
+
+    @Test func detachedRefusesAtOnceAndALostAnswerIsIndeterminate() {
+        let cl = FakeCluster(hosts: 1)
+        let engine = cl.hosts[0].engine
+        let now = Mutex(0.0)
+        engine.clock = { now.withLock { $0 } }
+        let c = cl.hosts[0].connect()
+        engine.clusterEvent(.detached(reason: "test"))
+        let r = c.send(#"{"rid":1,"op":"update","model":{"id":"A"}}"#)
+        #expect(r["error"]?["code"] == "unavailable" && r["error"]?["indeterminate"] == nil)
+        #expect(c.send(#"{"op":"get","id":"A"}"#)["ok"] == true)
+        engine.clusterEvent(.attached(epoch: "", head: 0))
+        c.post(#"{"rid":2,"op":"update","model":{"id":"A"},"token":"t1"}"#)
+        _ = engine.takeClusterAppends()  // sent; the answer never comes
+        now.withLock { $0 = 6 }
+        engine.expireClusterWaits()
+        cl.hosts[0].pumpPublic()
+        let late = c.takeResponses()
+        #expect(late.count == 1 && late[0]["error"]?["indeterminate"] == true)
+        // The connection goes on; the entry, if it arrives after all, is applied once, answered to nobody.
+        #expect(c.send(#"{"rid":3,"op":"ping"}"#)["rid"] == 3)
+    }
+
+    @Test func syncWaitsForTheLogsHead() {
+        let cl = FakeCluster(hosts: 2)
+        let a = cl.hosts[0].connect(), b = cl.hosts[1].connect()
+        a.post(#"{"op":"update","model":{"id":"A","v":1}}"#)
+        cl.pump(readers: [0])
+        b.post(#"{"rid":"s","op":"sync"}"#)
+        #expect(b.takeResponses().isEmpty)
+        #expect(cl.hosts[1].engine.takeClusterHeadWanted())
+        cl.hosts[1].engine.clusterEvent(.head(1))
+        #expect(b.takeResponses().isEmpty)
+        cl.pump()
+        let r = b.takeResponses()
+        #expect(r.count == 1 && r[0]["seq"] == 1)
+        // A `since` past this host's seq waits for the head too, then is answered as usual.
+        a.post(#"{"op":"update","model":{"id":"A","v":2}}"#)
+        cl.pump(readers: [0])
+        b.post(#"{"rid":"r","op":"subscribe","sub":"x","ids":["A"],"since":2}"#)
+        #expect(b.takeResponses().isEmpty)
+        cl.pump()
+        #expect(b.takeResponses().first?["ok"] == true)
+    }
+}
