@@ -1,6 +1,6 @@
 # Concord: `make run` starts the server, `make test` runs the whole suite.
 SHELL := /bin/bash
-APT_PACKAGES := libuv1-dev libjemalloc-dev libsqlite3-dev pkg-config gcc
+APT_PACKAGES := libuv1-dev libjemalloc-dev libsqlite3-dev libhiredis-dev redis-server pkg-config gcc
 # Empty: the server's default, a private per-user directory (README, "concord-server").
 SOCKET ?= $(CONCORD_SOCKET)
 SWIFT_TEST_FLAGS ?=

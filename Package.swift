@@ -49,6 +49,9 @@ let package = Package(
         .systemLibrary(name: "CJemalloc", pkgConfig: "jemalloc", providers: [.apt(["libjemalloc-dev"])]),
         .target(name: "CConcordRuntime"),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        // Cluster mode's log client (hiredis and its libuv adapter, PROTOCOL §8).
+        .systemLibrary(name: "CHiredis", providers: [.apt(["libhiredis-dev"])]),
+        .target(name: "CConcordRedis", dependencies: ["CHiredis", "CLibUV"]),
         // The plugin ABI: one C header (Sources/CConcordBackendABI/include/concord_backend.h).
         .target(name: "CConcordBackendABI"),
         .target(name: "ConcordBackendKit", dependencies: ["CConcordBackendABI", "ConcordJSON"], swiftSettings: swiftSettings),
@@ -82,7 +85,7 @@ let package = Package(
         .target(
             name: "ConcordServer",
             dependencies: [
-                "CLibUV", "CJemalloc", "CConcordRuntime", "CConcordBackendABI", "ConcordJSON", "ConcordProtocol", "ConcordCore", "ConcordSocket",
+                "CLibUV", "CJemalloc", "CConcordRuntime", "CConcordBackendABI", "CHiredis", "CConcordRedis", "ConcordJSON", "ConcordProtocol", "ConcordCore", "ConcordSocket",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),

@@ -87,8 +87,10 @@ public struct ClusterSettings: Sendable {
 /// What the driver learns about the log, for the core.
 public enum ClusterLogEvent: Sendable {
     /// Connected and heartbeating: the log's epoch and head offset (0 when
-    /// the log is empty or not created yet: epoch "").
-    case attached(epoch: String, head: Int)
+    /// the log is empty or not created yet: epoch ""). `rolledBack`: the
+    /// head is below an offset this host read before asking (the log lost
+    /// acknowledged entries: a restart from an older copy, a failover).
+    case attached(epoch: String, head: Int, rolledBack: Bool = false)
     /// The log cannot be reached (no heartbeat answer within a second, or the connection failed).
     case detached(reason: String)
     /// The log's head offset (answers ``Engine/clusterHeadWanted``).
@@ -229,12 +231,12 @@ extension Engine {
     public func clusterEvent(_ event: ClusterLogEvent) {
         guard let cl = cluster else { return }
         switch event {
-        case .attached(let epoch, let head):
+        case .attached(let epoch, let head, let rolledBack):
             cl.headOffset = max(cl.headOffset, head)
             if !cl.epoch.isEmpty, !epoch.isEmpty, epoch != cl.epoch, cl.broken == nil {
                 cl.broken = "the log was recreated (epoch \(epoch), this host applied epoch \(cl.epoch)); rebuilding from a snapshot is not built yet"
-            } else if cl.epoch == epoch || cl.epoch.isEmpty, head < cl.appliedOffset, cl.broken == nil {
-                cl.broken = "the log lost entries (its head is \(head), this host applied \(cl.appliedOffset)); rebuilding from a snapshot is not built yet"
+            } else if rolledBack, cl.broken == nil {
+                cl.broken = "the log lost entries (its head went back to \(head), this host had read further); rebuilding from a snapshot is not built yet"
             }
             if cl.broken != nil {
                 cl.link = .resyncing

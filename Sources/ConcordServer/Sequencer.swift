@@ -34,6 +34,10 @@ final class Sequencer: @unchecked Sendable {
         /// A long line parsed by the ``BigLineParser`` (the head of the connection's lane).
         case parsed(ConnectionID, Engine.ParsedLine)
         case storage(StorageThread.Event)
+        /// Cluster mode: entries read from the log, in log order.
+        case clusterEntries([ClusterEntry])
+        /// Cluster mode: what the link learned (attached, detached, head, failed appends).
+        case cluster(ClusterLogEvent)
         case shutdown
     }
 
@@ -50,10 +54,19 @@ final class Sequencer: @unchecked Sendable {
         var mutationsReadAt: [Double] = []
         /// Prometheus text for scrapes, by token.
         var metrics: [(token: Int, text: [UInt8])] = []
+        /// Cluster mode: mutations to append to the log (this turn's window), and whether a `sync` wants the log's head.
+        var clusterAppends: [(ref: Int, line: [UInt8])] = []
+        var clusterHeadWanted = false
     }
 
     /// Bytes of lines read by the loop and not yet handed to the engine, all connections.
     let inboxBytes = Atomic<Int>(0)
+    /// Cluster mode: log entries the loop read and the core has not applied (the reader pauses above a bound).
+    let clusterQueued = Atomic<Int>(0)
+    /// Cluster mode: entries read from the log, applied in order, a turn's budget at a time.
+    private var logQueue: [ClusterEntry] = []
+    private var logHead = 0
+    private var loggedBroken = false
 
     private let condition = Condition()
     private var inbox: [Input] = []
@@ -113,6 +126,7 @@ final class Sequencer: @unchecked Sendable {
         statsSource = ServerStatsSource(metrics: metrics)
         engine.statsSource = statsSource
         engine.clock = { monotonicSeconds() }
+        if let cluster = configuration.cluster { engine.enableCluster(cluster.settings) }
         linesPerTurn = max(1, configuration.linesPerTurn)
         turnBudget = configuration.turnBudget
         shutdownTimeout = configuration.shutdownTimeout
@@ -180,10 +194,10 @@ final class Sequencer: @unchecked Sendable {
         var batch: [Input] = []
         while true {
             condition.lock()
-            while inbox.isEmpty && !hasRunnableLane && !engine.hasDeferredWork {
-                // Requests waiting for a `min_seq` time out: look every 50 ms.
+            while inbox.isEmpty && !hasRunnableLane && !engine.hasDeferredWork && logHead == logQueue.count {
+                // Requests waiting for a `min_seq` (or for the cluster log) time out: look every 50 ms.
                 if (shutdownDeadline != nil && !drainedSent) || (failingSince != nil && (engine.hasWaitingClients || !held.isEmpty))
-                    || engine.hasSeqWaiters {
+                    || engine.hasSeqWaiters || engine.hasClusterWaits {
                     condition.wait(seconds: 0.05)
                     break
                 }
@@ -198,6 +212,8 @@ final class Sequencer: @unchecked Sendable {
             // budget keeps a small request's wait short under a flood.
             var taken = false
             let started = monotonicSeconds()
+            // The log first: what every host applies, in log order, within the turn's budget.
+            if logHead < logQueue.count { applyLog(until: started + turnBudget) }
             while turn(until: started + turnBudget) {
                 taken = true
                 if monotonicSeconds() - started >= turnBudget { break }
@@ -215,6 +231,7 @@ final class Sequencer: @unchecked Sendable {
             }
             checkSyncTimeout()
             engine.expireSeqWaits()
+            engine.expireClusterWaits()
             let drained = checkShutdown()
             if engine.memoryLimit > 0 {
                 let n = engine.evictIfOverLimit(bytesInUse: AllocatorStats.allocatedBytes)
@@ -222,9 +239,13 @@ final class Sequencer: @unchecked Sendable {
             }
             if let storage { storage.submit(engine.takeStorageItems()) }
             let outputs = engine.takeOutput()
-            if !outputs.isEmpty || drained || taken {
+            let appends = engine.takeClusterAppends()
+            let headWanted = engine.takeClusterHeadWanted()
+            if !outputs.isEmpty || drained || taken || !appends.isEmpty || headWanted {
                 var d = Delivery(outputs: outputs, drained: drained, inputTaken: taken)
                 swap(&d.mutationsReadAt, &mutationsReadAt)
+                d.clusterAppends = appends
+                d.clusterHeadWanted = headWanted
                 send(d)
             } else {
                 releaseHeld()
@@ -307,8 +328,37 @@ final class Sequencer: @unchecked Sendable {
                 failingMessage = message
             case .loaded(let result): engine.install(result)
             }
+        case .clusterEntries(let entries):
+            logQueue.append(contentsOf: entries)
+        case .cluster(let event):
+            engine.clusterEvent(event)
         case .shutdown:
             if shutdownDeadline == nil { shutdownDeadline = monotonicSeconds() + shutdownTimeout }
+        }
+    }
+
+    /// Applies log entries in order until the deadline (at least one).
+    private func applyLog(until deadline: Double) {
+        var n = 0
+        while logHead < logQueue.count {
+            if n > 0 && monotonicSeconds() >= deadline { break }
+            let entry = logQueue[logHead]
+            logHead += 1
+            n += 1
+            let before = engine.seq
+            if !engine.applyClusterEntry(entry), !loggedBroken, let why = engine.clusterBroken {
+                loggedBroken = true
+                logger.critical("this host stopped following the cluster log", metadata: ["concord.reason": "\(why)"])
+            }
+            if engine.seq != before && mutationsReadAt.count < ServerMetrics.latencySamplesPerTurn { mutationsReadAt.append(monotonicSeconds()) }
+        }
+        clusterQueued.subtract(n, ordering: .relaxed)
+        if logHead == logQueue.count {
+            logQueue.removeAll(keepingCapacity: logQueue.count <= 1024)
+            logHead = 0
+        } else if logHead > 4096 {
+            logQueue.removeFirst(logHead)
+            logHead = 0
         }
     }
 
@@ -491,7 +541,7 @@ final class Sequencer: @unchecked Sendable {
     /// (or the shutdown timeout passed, when whatever waits is answered anyway).
     private func checkShutdown() -> Bool {
         guard let deadline = shutdownDeadline, !drainedSent else { return false }
-        let idle = !ready.contains { $0.queued } && !engine.hasWaitingClients && held.isEmpty
+        let idle = !ready.contains { $0.queued } && !engine.hasWaitingClients && held.isEmpty && !engine.hasClusterWaits
         if !idle {
             guard monotonicSeconds() >= deadline else { return false }
             logger.warning("shutdown timeout: answering what still waits without it", metadata: [
@@ -499,6 +549,7 @@ final class Sequencer: @unchecked Sendable {
             ])
             engine.isShuttingDown = true
             engine.abandonWaits(reason: failingSince != nil ? failingMessage : "the server is shutting down")
+            engine.expireClusterWaits()
             while turn() {}
             let outputs = engine.takeOutput()
             releaseHeld(force: true)

@@ -64,6 +64,7 @@ extension Server {
             uv_close(asHandle(s)) { h in h?.deallocate() }
         }
         signalHandles = []
+        clusterLink?.close()
         bridge.close()
         uv_close(asHandle(wakeHandle), nil)
     }

@@ -33,6 +33,8 @@ extension Server {
                 for t in d.mutationsReadAt { metrics.latency.recordNanoseconds(Int64(max(0, now - t) * 1e9)) }
             }
             for (token, text) in d.metrics { metricsEndpoint?.respond(token: token, text: text) }
+            if !d.clusterAppends.isEmpty { clusterLink?.append(d.clusterAppends) }
+            if d.clusterHeadWanted { clusterLink?.fetchHead() }
             if d.inputTaken { tookInput = true }
             if d.drained { startClosing() }
         }

@@ -44,6 +44,8 @@ public final class Server {
     let bridge: Bridge
     var sequencer: Sequencer!
     var metricsEndpoint: MetricsEndpoint?
+    /// Cluster mode: the link to the shared log (on this loop).
+    var clusterLink: ClusterLink?
     var metrics: ServerMetrics { sequencer.metrics }
     var connections: [ConnectionID: Connection] = [:]
     var nextID = 1
@@ -134,6 +136,18 @@ public final class Server {
             uv_handle_set_data(asHandle(s), Unmanaged.passUnretained(self).toOpaque())
             uvMust("uv_signal_start", uv_signal_start(s, { h, signum in Server.from(h).beginShutdown(signal: signum) }, sig))
             signalHandles.append(s)
+        }
+        if let cluster = configuration.cluster {
+            guard let endpoint = ClusterLink.Endpoint.parse(cluster.url) else {
+                throw StartupError(description: "--cluster \(cluster.url): expected redis://HOST:PORT or unix:///path/to/redis.sock")
+            }
+            let e = configuration.engine
+            let link = ClusterLink(options: ClusterLink.Options(
+                endpoint: endpoint, settings: cluster.settings, engineVersion: "concord-\(e.version)/log-1",
+                optionsFingerprint: "id_key=\(e.idKey) max_depth=\(e.maxDepth) history_mutations=\(e.historyMutations) history_entities=\(e.historyEntities) token_retention=\(e.tokenRetention) token_memory=\(e.tokenBytes)"),
+                loop: loop, logger: logger, sequencer: sequencer)
+            link.start()
+            clusterLink = link
         }
         sequencer.start()
         var rl = rlimit()

@@ -69,6 +69,8 @@ public struct ServerConfiguration: Sendable {
     /// mode and directory decide, as for any Unix socket).
     public var allowUIDs: [UInt32] = []
     public var allowGIDs: [UInt32] = []
+    /// Cluster mode (PROTOCOL §8): the log's address and this host's settings; nil: a single server.
+    public var cluster: ClusterConfiguration?
     /// Core settings (id key, limits).
     public var engine = EngineConfiguration()
 
@@ -77,5 +79,17 @@ public struct ServerConfiguration: Sendable {
     public static var coreCount: Int {
         let n = sysconfNProcessors()
         return n > 0 ? n : 1
+    }
+}
+
+/// `--cluster URL --cluster-name NAME [--cluster-host H] [--cluster-timeout S]`.
+public struct ClusterConfiguration: Sendable {
+    /// `redis://HOST:PORT` or `unix:///path/to/redis.sock`.
+    public var url: String
+    public var settings: ClusterSettings
+
+    public init(url: String, settings: ClusterSettings) {
+        self.url = url
+        self.settings = settings
     }
 }

@@ -127,6 +127,18 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(name: .customLong("allow-gid"), help: "A group (gid or name) whose members' connections are allowed (the peer's primary gid); repeat for more.")
     var allowGID: [String] = []
 
+    @Option(help: "Cluster mode (PROTOCOL §8): the shared log, redis://HOST:PORT or unix:///path/to/redis.sock. Every host applies every mutation in the log's order; reads and subscriptions stay local.")
+    var cluster: String?
+
+    @Option(help: "The cluster's name: its log's keys in Redis are concord:{NAME}:… (required with --cluster).")
+    var clusterName: String?
+
+    @Option(help: "This host's name in hello, ping and stats (default: the machine's host name).")
+    var clusterHost: String?
+
+    @Option(help: "Seconds a mutation waits for the cluster log before it is answered unavailable (with \"indeterminate\":true when it may still be applied).")
+    var clusterTimeout: Double = 5
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel: String = "info"
 
@@ -165,7 +177,33 @@ struct ConcordServerCommand: ParsableCommand {
         }
         for u in allowUID where Self.uid(u) == nil { throw ValidationError("--allow-uid: no such user '\(u)'") }
         for g in allowGID where Self.gid(g) == nil { throw ValidationError("--allow-gid: no such group '\(g)'") }
+        if let url = cluster {
+            guard url.hasPrefix("redis://") || url.hasPrefix("unix:///") else {
+                throw ValidationError("--cluster must be redis://HOST:PORT or unix:///path/to/redis.sock")
+            }
+            guard let name = clusterName, !name.isEmpty, !name.contains("{"), !name.contains("}") else {
+                throw ValidationError("--cluster needs --cluster-name NAME (no braces: it becomes the log's Redis hash tag)")
+            }
+            if cache != "memory" && cache != "none" {
+                throw ValidationError("--cluster runs with the embedded store only (--cache none): a local backend as a write-behind copy of the log's state is not built yet")
+            }
+            if cachePath != nil || cacheMaxBytes != nil || cacheTtl != nil || memoryLimit > 0 {
+                throw ValidationError("--cluster: every host must hold the whole state, so --cache-ttl, --cache-max-bytes, --cache-path and --memory-limit (which evict or expire by size and clock) are refused")
+            }
+            if durability != "async" {
+                throw ValidationError("--cluster: an acknowledged mutation is as durable as the log (see docs/OPERATIONS.md); --durability sync applies to a local backend only")
+            }
+            if !(clusterTimeout > 0) { throw ValidationError("--cluster-timeout must be positive") }
+        } else if clusterName != nil || clusterHost != nil {
+            throw ValidationError("--cluster-name and --cluster-host need --cluster")
+        }
         if Logger.Level(rawValue: logLevel) == nil { throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical") }
+    }
+
+    static func hostName() -> String {
+        var buf = [CChar](repeating: 0, count: 256)
+        guard gethostname(&buf, buf.count - 1) == 0 else { return "host" }
+        return String(cString: buf)
     }
 
     /// A uid given as a number or a user name.
@@ -229,8 +267,14 @@ struct ConcordServerCommand: ParsableCommand {
         config.engine.tokenRetention = tokenRetention
         config.engine.tokenBytes = tokenMemory
 
-        config.cache = cache
+        config.cache = cluster == nil ? cache : "none"
         config.cacheConfig = try mergedCacheConfig()
+        if let url = cluster, let name = clusterName {
+            let host = clusterHost ?? Self.hostName()
+            var r = SystemRandomNumberGenerator()
+            let origin = "\(host)#\(getpid())-\(String(r.next() & 0xffff_ffff, radix: 16))"
+            config.cluster = ClusterConfiguration(url: url, settings: ClusterSettings(name: name, host: host, origin: origin, timeout: clusterTimeout))
+        }
         config.durability = Durability(rawValue: durability) ?? .async
         config.memoryLimit = memoryLimit
         config.metricsAddress = metrics

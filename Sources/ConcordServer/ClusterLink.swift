@@ -1,0 +1,571 @@
+import CConcordRedis
+import CHiredis
+import CLibUV
+import ConcordCore
+import Logging
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Cluster mode's link to the shared log, a Redis Stream (PROTOCOL.md §8,
+/// docs/ARCHITECTURE.md "Cluster mode"). Lives on the loop thread: two
+/// hiredis connections on the server's own libuv loop — the **writer**
+/// (appends through one Lua script, heartbeat, head) and the **reader**
+/// (`XREAD BLOCK`, every entry in order). hiredis has no timers: every
+/// deadline (connect, heartbeat, a blocked read) is a libuv timer here.
+///
+/// What the core learns goes to the sequencer's inbox: entries, and
+/// attached/detached/head/append-failed events.
+final class ClusterLink {
+    enum Endpoint: Equatable {
+        case tcp(host: String, port: Int32)
+        case unix(path: String)
+
+        /// `redis://HOST:PORT` or `unix:///path/to/redis.sock`.
+        static func parse(_ url: String) -> Endpoint? {
+            if url.hasPrefix("unix://") {
+                let path = String(url.dropFirst("unix://".count))
+                return path.hasPrefix("/") ? .unix(path: path) : nil
+            }
+            guard url.hasPrefix("redis://") else { return nil }
+            var rest = Substring(url.dropFirst("redis://".count))
+            if rest.hasSuffix("/") { rest = rest.dropLast() }
+            var host: Substring
+            var port: Substring
+            if rest.hasPrefix("[") {
+                guard let close = rest.firstIndex(of: "]") else { return nil }
+                host = rest[rest.index(after: rest.startIndex)..<close]
+                let after = rest[rest.index(after: close)...]
+                port = after.hasPrefix(":") ? after.dropFirst() : "6379"
+            } else if let colon = rest.lastIndex(of: ":") {
+                host = rest[..<colon]
+                port = rest[rest.index(after: colon)...]
+            } else {
+                host = rest
+                port = "6379"
+            }
+            guard !host.isEmpty, let p = Int32(port), p > 0, p < 65536 else { return nil }
+            return .tcp(host: String(host), port: p)
+        }
+    }
+
+    /// Everything the link needs to know, fixed at start-up.
+    struct Options {
+        var endpoint: Endpoint
+        var settings: ClusterSettings
+        /// Outcome-changing options of this host; the log refuses a host whose differ.
+        var engineVersion: String
+        var optionsFingerprint: String
+        /// Mutations per log entry, at most.
+        var maxEntryMutations = 256
+        /// Payload bytes per entry, at most (one mutation alone may exceed it).
+        var maxEntryBytes = 1 << 20
+        /// Seconds: heartbeat period, and how late an answer may be before the log counts as lost.
+        var heartbeat = 0.25
+        var lossAfter = 1.0
+        /// `XREAD BLOCK` milliseconds.
+        var blockMs = 500
+        /// Entries read and not yet applied above which the reader pauses (flow control).
+        var maxQueuedEntries = 1024
+    }
+
+    /// One append: the mutations of one window, under one entry token (the
+    /// script stores the token, so a retry after a lost answer is not appended twice).
+    private struct Append {
+        var token: String
+        var refs: [Int]
+        var payload: [UInt8]
+        var firstQueued: Double
+        var sent = false
+    }
+
+    private final class Conn {
+        let role: String
+        var ac: UnsafeMutablePointer<redisAsyncContext>?
+        var connected = false
+        let openedAt: Double
+        init(role: String, ac: UnsafeMutablePointer<redisAsyncContext>, openedAt: Double) {
+            self.role = role
+            self.ac = ac
+            self.openedAt = openedAt
+        }
+    }
+
+    /// What a command's callback runs (retained until hiredis calls back, exactly once).
+    private final class ReplyBox {
+        let run: (UnsafeMutablePointer<redisReply>?) -> Void
+        init(_ run: @escaping (UnsafeMutablePointer<redisReply>?) -> Void) { self.run = run }
+    }
+
+    let options: Options
+    private let loop: UnsafeMutablePointer<uv_loop_t>
+    private let logger: Logger
+    private let sequencer: Sequencer
+
+    private let metaKey: String
+    private let logKey: String
+    private let tokenPrefix: String
+
+    private var writer: Conn?
+    private var reader: Conn?
+    private var scriptSHA: String?
+    private var scriptLoading = false
+    private var beatSentAt: Double?
+    private var lastBeat = 0.0
+    private var told: (attached: Bool, epoch: String, head: Int) = (false, "", -1)
+    private var lastID = "0-0"
+    /// The highest offset read, and its value when the heartbeat in flight was sent.
+    private var readOffset = 0
+    private var readOffsetAtBeat = 0
+    private var readSentAt: Double?
+    private var queue: [Append] = []
+    private var inFlight: [String: Append] = [:]
+    private var nextToken = 0
+    private let nonce: String
+    private var timer: UnsafeMutablePointer<uv_timer_t>?
+    private var closed = false
+    private var lastProblem = ""
+    /// Figures for `stats` and logs.
+    private(set) var appendsSent = 0
+    private(set) var entriesRead = 0
+    private(set) var reconnects = 0
+
+    init(options: Options, loop: UnsafeMutablePointer<uv_loop_t>, logger: Logger, sequencer: Sequencer) {
+        self.options = options
+        self.loop = loop
+        self.logger = logger
+        self.sequencer = sequencer
+        let n = options.settings.name
+        metaKey = "concord:{\(n)}:meta"
+        logKey = "concord:{\(n)}:log"
+        tokenPrefix = "concord:{\(n)}:tok:"
+        var r = SystemRandomNumberGenerator()
+        nonce = String(r.next(), radix: 16)
+    }
+
+    private func submit(_ input: Sequencer.Input) { sequencer.submit(input) }
+
+    // MARK: Life cycle
+
+    func start() {
+        let t = UnsafeMutablePointer<uv_timer_t>.allocate(capacity: 1)
+        uvMust("uv_timer_init", uv_timer_init(loop, t))
+        uv_handle_set_data(asHandle(t), Unmanaged.passUnretained(self).toOpaque())
+        let period = UInt64(options.heartbeat * 1000)
+        uvMust("uv_timer_start", uv_timer_start(t, { h in
+            Unmanaged<ClusterLink>.fromOpaque(uv_handle_get_data(asHandle(h!))!).takeUnretainedValue().tick()
+        }, 0, period))
+        timer = t
+    }
+
+    /// At shutdown, after the core drained: both connections and the timer go.
+    func close() {
+        guard !closed else { return }
+        closed = true
+        if let t = timer {
+            uvMust("uv_timer_stop", uv_timer_stop(t))
+            uv_close(asHandle(t)) { h in h?.deallocate() }
+            timer = nil
+        }
+        drop(&writer, reason: "shutdown")
+        drop(&reader, reason: "shutdown")
+    }
+
+    // MARK: Connections
+
+    private func open(_ role: String) -> Conn? {
+        let ac: UnsafeMutablePointer<redisAsyncContext>?
+        switch options.endpoint {
+        case .tcp(let host, let port): ac = redisAsyncConnect(host, port)
+        case .unix(let path): ac = redisAsyncConnectUnix(path)
+        }
+        guard let ac else { return nil }
+        if ac.pointee.err != 0 {
+            problem("cannot connect the \(role) to the cluster log: \(String(cString: ac.pointee.errstr))")
+            redisAsyncFree(ac)
+            return nil
+        }
+        ac.pointee.data = Unmanaged.passUnretained(self).toOpaque()
+        guard concord_redis_attach(ac, loop) == 0 else {
+            redisAsyncFree(ac)
+            return nil
+        }
+        redisAsyncSetConnectCallback(ac) { ac, status in
+            guard let ac, let data = ac.pointee.data else { return }
+            Unmanaged<ClusterLink>.fromOpaque(data).takeUnretainedValue().connected(UnsafeMutablePointer(mutating: ac), ok: status == 0)
+        }
+        redisAsyncSetDisconnectCallback(ac) { ac, status in
+            guard let ac, let data = ac.pointee.data else { return }
+            Unmanaged<ClusterLink>.fromOpaque(data).takeUnretainedValue().disconnected(UnsafeMutablePointer(mutating: ac))
+        }
+        return Conn(role: role, ac: ac, openedAt: monotonicSeconds())
+    }
+
+    private func connected(_ ac: UnsafeMutablePointer<redisAsyncContext>, ok: Bool) {
+        let conn = writer?.ac == ac ? writer : reader?.ac == ac ? reader : nil
+        guard let conn else { return }
+        if !ok {
+            // hiredis frees the context after this callback.
+            problem("cannot connect the \(conn.role) to the cluster log: \(String(cString: ac.pointee.errstr))")
+            conn.ac = nil
+            if conn === writer { writer = nil } else { reader = nil }
+            return
+        }
+        conn.connected = true
+        if conn === writer {
+            loadScript()
+            heartbeat()
+        } else {
+            read()
+        }
+    }
+
+    private func disconnected(_ ac: UnsafeMutablePointer<redisAsyncContext>) {
+        // hiredis frees the context after this callback; pending commands were answered with no reply.
+        if writer?.ac == ac {
+            writer?.ac = nil
+            writer = nil
+            lost("the cluster log closed the writer connection")
+        } else if reader?.ac == ac {
+            reader?.ac = nil
+            reader = nil
+            lost("the cluster log closed the reader connection")
+        }
+    }
+
+    /// Frees a connection now (never from inside one of its own callbacks:
+    /// only the timer and `close` call this).
+    private func drop(_ conn: inout Conn?, reason: String) {
+        guard let c = conn else { return }
+        conn = nil
+        if let ac = c.ac {
+            c.ac = nil
+            ac.pointee.data = nil  // its disconnect callback must not find us
+            redisAsyncFree(ac)  // answers its pending commands with no reply
+        }
+        if reason != "shutdown" { lost(reason) }
+    }
+
+    private func lost(_ reason: String) {
+        beatSentAt = nil
+        readSentAt = nil
+        if told.attached {
+            told.attached = false
+            logger.warning("detached from the cluster log", metadata: ["concord.reason": "\(reason)"])
+            submit(.cluster(.detached(reason: reason)))
+        }
+        scriptSHA = nil
+        scriptLoading = false
+    }
+
+    private func problem(_ message: String) {
+        if message != lastProblem {
+            lastProblem = message
+            logger.warning("\(message)")
+        }
+    }
+
+    // MARK: The timer: connects, heartbeats, deadlines
+
+    private func tick() {
+        guard !closed else { return }
+        let now = monotonicSeconds()
+        if let w = writer, !w.connected, now - w.openedAt > options.lossAfter { drop(&writer, reason: "connecting the writer took over \(options.lossAfter) s") }
+        if let r = reader, !r.connected, now - r.openedAt > options.lossAfter { drop(&reader, reason: "connecting the reader took over \(options.lossAfter) s") }
+        if let sent = beatSentAt, now - sent > options.lossAfter {
+            drop(&writer, reason: "no heartbeat answer from the cluster log within \(options.lossAfter) s")
+        }
+        if let sent = readSentAt, now - sent > Double(options.blockMs) / 1000 + options.lossAfter {
+            drop(&reader, reason: "a blocked read of the cluster log did not return within \(Double(options.blockMs) / 1000 + options.lossAfter) s")
+        }
+        if writer == nil {
+            if told.attached || lastBeat > 0 { reconnects += 1 }
+            writer = open("writer")
+        }
+        if reader == nil { reader = open("reader") }
+        if writer?.connected == true, beatSentAt == nil { heartbeat() }
+        if reader?.connected == true, readSentAt == nil { read() }
+        expireAppends(now: now)
+    }
+
+    private func heartbeat() {
+        guard let ac = writer?.ac, writer?.connected == true, beatSentAt == nil else { return }
+        beatSentAt = monotonicSeconds()
+        readOffsetAtBeat = readOffset
+        command(ac, ["HMGET", metaKey, "epoch", "offset"]) { [self] reply in
+            beatSentAt = nil
+            guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY, reply.pointee.elements == 2 else {
+                if let reply { problem("unexpected heartbeat answer from the cluster log: \(Self.text(reply) ?? "?")") }
+                return
+            }
+            lastBeat = monotonicSeconds()
+            let epoch = Self.text(reply.pointee.element[0]!) ?? ""
+            let head = Int(Self.text(reply.pointee.element[1]!) ?? "0") ?? 0
+            // A head below what was read before asking: the log lost entries
+            // (a head below what was read *after* asking is only a late answer).
+            let rolledBack = head < readOffsetAtBeat && (epoch == told.epoch || epoch.isEmpty)
+            if rolledBack {
+                logger.critical("the cluster log's head went back", metadata: ["concord.head": "\(head)", "concord.read": "\(readOffsetAtBeat)"])
+                submit(.cluster(.attached(epoch: epoch, head: head, rolledBack: true)))
+            }
+            if reader?.connected == true, !told.attached || told.epoch != epoch || told.head != head {
+                if !told.attached {
+                    logger.info("attached to the cluster log", metadata: [
+                        "concord.cluster": "\(options.settings.name)", "concord.epoch": "\(epoch)", "concord.head": "\(head)",
+                    ])
+                    lastProblem = ""
+                }
+                told = (true, epoch, head)
+                submit(.cluster(.attached(epoch: epoch, head: head)))
+            }
+            flush()
+        }
+    }
+
+    /// `sync`: the log's head offset, for the core.
+    func fetchHead() {
+        guard let ac = writer?.ac, writer?.connected == true else { return }
+        command(ac, ["HGET", metaKey, "offset"]) { [self] reply in
+            guard let reply, reply.pointee.type != REDIS_REPLY_ERROR else { return }
+            submit(.cluster(.head(Int(Self.text(reply) ?? "0") ?? 0)))
+        }
+    }
+
+    // MARK: Reading the log
+
+    private func read() {
+        guard let ac = reader?.ac, reader?.connected == true, readSentAt == nil, !closed else { return }
+        guard sequencer.clusterQueued.load(ordering: .relaxed) < options.maxQueuedEntries else { return }  // the timer asks again
+        readSentAt = monotonicSeconds()
+        command(ac, ["XREAD", "COUNT", "256", "BLOCK", String(options.blockMs), "STREAMS", logKey, lastID]) { [self] reply in
+            readSentAt = nil
+            guard let reply else { return }  // disconnected: the timer reconnects
+            if reply.pointee.type == REDIS_REPLY_ARRAY {
+                let entries = parseEntries(reply)
+                if !entries.isEmpty {
+                    entriesRead += entries.count
+                    sequencer.clusterQueued.add(entries.count, ordering: .relaxed)
+                    submit(.clusterEntries(entries))
+                }
+            } else if reply.pointee.type == REDIS_REPLY_ERROR {
+                problem("reading the cluster log failed: \(Self.text(reply) ?? "?")")
+                return
+            }
+            read()
+        }
+    }
+
+    /// `[[key, [[id, [field, value, …]], …]]]` → entries; `lastID` moves past them.
+    private func parseEntries(_ reply: UnsafeMutablePointer<redisReply>) -> [ClusterEntry] {
+        var out: [ClusterEntry] = []
+        for s in 0..<reply.pointee.elements {
+            let stream = reply.pointee.element[s]!
+            guard stream.pointee.type == REDIS_REPLY_ARRAY, stream.pointee.elements == 2 else { continue }
+            let items = stream.pointee.element[1]!
+            for i in 0..<items.pointee.elements {
+                let item = items.pointee.element[i]!
+                guard item.pointee.elements == 2, let id = Self.text(item.pointee.element[0]!) else { continue }
+                lastID = id
+                let fields = item.pointee.element[1]!
+                var f: [String: UnsafeMutablePointer<redisReply>] = [:]
+                var k = 0
+                while k + 1 < fields.pointee.elements {
+                    if let name = Self.text(fields.pointee.element[k]!) { f[name] = fields.pointee.element[k + 1]! }
+                    k += 2
+                }
+                guard let o = f["o"].flatMap(Self.text).flatMap({ Int($0) }), let p = f["p"].flatMap(Self.text),
+                      let h = f["h"].flatMap(Self.text), let e = f["e"].flatMap(Self.text),
+                      let t = f["t"].flatMap(Self.text).flatMap({ Double($0) }), let g = f["g"].flatMap(Self.text),
+                      let m = f["m"].flatMap(Self.bytes), let muts = ClusterEntry.decode(m) else {
+                    logger.error("a cluster log entry is malformed; the hosts stop at it", metadata: ["concord.entry": "\(id)"])
+                    // An entry every host reads alike: passed on with no mutations but a broken chain, so each stops.
+                    out.append(ClusterEntry(offset: Int.max, previousHash: "", hash: "", epoch: "", time: 0, origin: "", mutations: []))
+                    continue
+                }
+                readOffset = max(readOffset, o)
+                out.append(ClusterEntry(offset: o, previousHash: p, hash: h, epoch: e, time: t / 1000, origin: g, mutations: muts))
+            }
+        }
+        return out
+    }
+
+    // MARK: Appending
+
+    /// The script: dedupes a retried entry by its token, creates the log's
+    /// meta (epoch) when missing, refuses a host of another engine version
+    /// or with other outcome-changing options, extends the hash chain and
+    /// XADDs — one round trip, atomic.
+    static let script = """
+        local seen = redis.call('GET', KEYS[3])
+        if seen then return {'dup', seen} end
+        local m = redis.call('HMGET', KEYS[1], 'engine', 'options', 'epoch', 'offset', 'h')
+        if not m[1] then
+          local t = redis.call('TIME')
+          m = {ARGV[1], ARGV[2], redis.sha1hex(ARGV[6] .. ':' .. t[1] .. '.' .. t[2]), '0', ''}
+          redis.call('HSET', KEYS[1], 'engine', m[1], 'options', m[2], 'epoch', m[3], 'offset', '0', 'h', '')
+        end
+        if m[1] ~= ARGV[1] then
+          return redis.error_reply('CONCORD the log was written by engine ' .. m[1] .. '; this host runs ' .. ARGV[1])
+        end
+        if m[2] ~= ARGV[2] then
+          return redis.error_reply('CONCORD the cluster runs with options ' .. m[2] .. '; this host with ' .. ARGV[2])
+        end
+        local off = tonumber(m[4]) + 1
+        local h = redis.sha1hex(m[5] .. ARGV[3])
+        local t = redis.call('TIME')
+        local ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+        redis.call('XADD', KEYS[2], '*', 'o', tostring(off), 'p', m[5], 'h', h, 'e', m[3], 't', ms, 'g', ARGV[4], 'k', ARGV[3], 'm', ARGV[5])
+        redis.call('HSET', KEYS[1], 'offset', tostring(off), 'h', h)
+        redis.call('SET', KEYS[3], tostring(off), 'PX', ARGV[7])
+        return {'ok', tostring(off)}
+        """
+
+    private func loadScript() {
+        guard let ac = writer?.ac, !scriptLoading, scriptSHA == nil else { return }
+        scriptLoading = true
+        command(ac, ["SCRIPT", "LOAD", Self.script]) { [self] reply in
+            scriptLoading = false
+            guard let reply, reply.pointee.type == REDIS_REPLY_STRING, let sha = Self.text(reply) else {
+                if let reply { problem("the cluster log did not load the append script: \(Self.text(reply) ?? "?")") }
+                return
+            }
+            scriptSHA = sha
+            flush()
+        }
+    }
+
+    /// Mutations the core wants appended (one delivery's worth: the batching window).
+    func append(_ mutations: [(ref: Int, line: [UInt8])]) {
+        guard !mutations.isEmpty else { return }
+        guard told.attached else {
+            submit(.cluster(.appendFailed(refs: mutations.map(\.ref), indeterminate: false, reason: "not attached to the cluster log")))
+            return
+        }
+        let now = monotonicSeconds()
+        var i = 0
+        while i < mutations.count {
+            var j = i
+            var bytes = 0
+            while j < mutations.count, j - i < options.maxEntryMutations, j == i || bytes + mutations[j].line.count <= options.maxEntryBytes {
+                bytes += mutations[j].line.count + 12
+                j += 1
+            }
+            let slice = Array(mutations[i..<j])
+            nextToken += 1
+            queue.append(Append(token: "\(options.settings.origin)-\(nextToken)", refs: slice.map(\.ref),
+                                payload: ClusterEntry.encode(slice), firstQueued: now))
+            i = j
+        }
+        flush()
+    }
+
+    private func flush() {
+        guard let ac = writer?.ac, writer?.connected == true, let sha = scriptSHA, !queue.isEmpty else { return }
+        let ttl = String(Int(max(600, options.settings.timeout * 20) * 1000))
+        for var a in queue {
+            a.sent = true
+            inFlight[a.token] = a
+            appendsSent += 1
+            let args: [[UInt8]] = [
+                Array("EVALSHA".utf8), Array(sha.utf8), Array("3".utf8),
+                Array(metaKey.utf8), Array(logKey.utf8), Array((tokenPrefix + a.token).utf8),
+                Array(options.engineVersion.utf8), Array(options.optionsFingerprint.utf8), Array(a.token.utf8),
+                Array(options.settings.origin.utf8), a.payload, Array(nonce.utf8), Array(ttl.utf8),
+            ]
+            let token = a.token
+            command(ac, args) { [self] reply in appended(token, reply) }
+        }
+        queue.removeAll()
+    }
+
+    private func appended(_ token: String, _ reply: UnsafeMutablePointer<redisReply>?) {
+        guard var a = inFlight.removeValue(forKey: token) else { return }
+        guard let reply else {
+            // The connection went: unknown outcome. Sent again on the next
+            // connection (the script knows the token if it went in), until the timeout.
+            queue.append(a)
+            return
+        }
+        if reply.pointee.type == REDIS_REPLY_ERROR {
+            let message = Self.text(reply) ?? "?"
+            if message.hasPrefix("NOSCRIPT") {
+                scriptSHA = nil
+                a.sent = false
+                queue.append(a)
+                loadScript()
+                return
+            }
+            logger.error("the cluster log refused an append", metadata: ["concord.reason": "\(message)"])
+            submit(.cluster(.appendFailed(refs: a.refs, indeterminate: false, reason: message)))
+            return
+        }
+        // "ok" or "dup": in the log; the reader brings it back and the core answers then.
+    }
+
+    /// Appends still queued after the cluster timeout are given up: the core
+    /// answers them (`indeterminate` when one may have gone in).
+    private func expireAppends(now: Double) {
+        let limit = options.settings.timeout
+        guard queue.contains(where: { now - $0.firstQueued > limit }) else { return }
+        var keep: [Append] = []
+        for a in queue {
+            if now - a.firstQueued > limit {
+                submit(.cluster(.appendFailed(refs: a.refs, indeterminate: a.sent, reason: "the cluster log was not reachable for \(limit) s")))
+            } else {
+                keep.append(a)
+            }
+        }
+        queue = keep
+    }
+
+    // MARK: hiredis plumbing
+
+    private func command(_ ac: UnsafeMutablePointer<redisAsyncContext>, _ args: [String], _ done: @escaping (UnsafeMutablePointer<redisReply>?) -> Void) {
+        command(ac, args.map { Array($0.utf8) }, done)
+    }
+
+    private func command(_ ac: UnsafeMutablePointer<redisAsyncContext>, _ args: [[UInt8]], _ done: @escaping (UnsafeMutablePointer<redisReply>?) -> Void) {
+        let box = Unmanaged.passRetained(ReplyBox(done)).toOpaque()
+        // hiredis copies the arguments into its output buffer before returning.
+        var pointers: [UnsafeMutablePointer<CChar>?] = args.map { a in
+            let p = UnsafeMutablePointer<CChar>.allocate(capacity: max(1, a.count))
+            a.withUnsafeBufferPointer { b in
+                if let base = b.baseAddress { UnsafeMutableRawPointer(p).copyMemory(from: base, byteCount: a.count) }
+            }
+            return p
+        }
+        defer { for p in pointers { p?.deallocate() } }
+        var lengths = args.map { $0.count }
+        let status = pointers.withUnsafeMutableBufferPointer { ptrs in
+            ptrs.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: ptrs.count) { argv in
+                redisAsyncCommandArgv(ac, { _, reply, priv in
+                    guard let priv else { return }
+                    let box = Unmanaged<ReplyBox>.fromOpaque(priv).takeRetainedValue()
+                    box.run(reply?.assumingMemoryBound(to: redisReply.self))
+                }, box, Int32(args.count), argv, &lengths)
+            }
+        }
+        if status != 0 {
+            // Not queued (the context is disconnecting): answered now, as hiredis would.
+            Unmanaged<ReplyBox>.fromOpaque(box).takeRetainedValue().run(nil)
+        }
+    }
+
+    static func text(_ r: UnsafeMutablePointer<redisReply>) -> String? {
+        switch r.pointee.type {
+        case REDIS_REPLY_STRING, REDIS_REPLY_STATUS, REDIS_REPLY_ERROR:
+            return String(decoding: UnsafeRawBufferPointer(start: r.pointee.str, count: r.pointee.len), as: UTF8.self)
+        case REDIS_REPLY_INTEGER:
+            return String(r.pointee.integer)
+        default:
+            return nil
+        }
+    }
+
+    static func bytes(_ r: UnsafeMutablePointer<redisReply>) -> [UInt8]? {
+        guard r.pointee.type == REDIS_REPLY_STRING else { return nil }
+        return Array(UnsafeRawBufferPointer(start: r.pointee.str, count: r.pointee.len))
+    }
+}
