@@ -1,0 +1,266 @@
+import ConcordJSON
+import ConcordTestServer
+import Foundation
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A real `redis-server` (Debian's) on a Unix socket in a temporary
+/// directory: AOF with `appendfsync always`, no TCP port. Killed with the object.
+final class RedisProcess: @unchecked Sendable {
+    let directory: URL
+    var socketPath: String { directory.appendingPathComponent("redis.sock").path }
+    var url: String { "unix://" + socketPath }
+    private(set) var process: Process?
+
+    static var available: Bool { FileManager.default.isExecutableFile(atPath: "/usr/bin/redis-server") }
+
+    init() throws {
+        directory = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("concord-redis-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        try start()
+    }
+
+    func start() throws {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/redis-server")
+        p.arguments = ["--port", "0", "--unixsocket", socketPath, "--dir", directory.path, "--appendonly", "yes",
+                       "--appendfsync", "always", "--save", "", "--daemonize", "no", "--logfile", directory.appendingPathComponent("redis.log").path]
+        p.standardOutput = FileHandle.nullDevice
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        process = p
+        try waitUntil("redis-server to accept connections") {
+            let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+            defer { Glibc.close(fd) }
+            var addr = sockaddr_un()
+            addr.sun_family = sa_family_t(AF_UNIX)
+            withUnsafeMutableBytes(of: &addr.sun_path) { b in
+                for (i, c) in socketPath.utf8.enumerated() where i < b.count - 1 { b[i] = c }
+            }
+            return withUnsafePointer(to: &addr) { a in
+                a.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) == 0 }
+            }
+        }
+    }
+
+    func signal(_ sig: Int32) {
+        guard let p = process, p.isRunning else { return }
+        kill(p.processIdentifier, sig)
+    }
+
+    func kill9() {
+        guard let p = process, p.isRunning else { return }
+        kill(p.processIdentifier, SIGKILL)
+        p.waitUntilExit()
+        process = nil
+    }
+
+    deinit {
+        if let p = process, p.isRunning {
+            kill(p.processIdentifier, SIGCONT)
+            kill(p.processIdentifier, SIGKILL)
+            p.waitUntilExit()
+        }
+        try? FileManager.default.removeItem(at: directory)
+    }
+}
+
+/// Several `concord-server` hosts on one real Redis (PROTOCOL.md §8), all on this machine, all on Unix sockets.
+@Suite(.serialized, .enabled(if: RedisProcess.available, "needs /usr/bin/redis-server (make test installs it)"))
+struct ClusterTests {
+    static func host(_ redis: RedisProcess, _ name: String, _ more: [String] = [], directory: URL? = nil) throws -> ServerProcess {
+        try ServerProcess(arguments: ["--cluster", redis.url, "--cluster-name", "t", "--cluster-host", name, "--threads", "2"] + more,
+                          directory: directory, environment: internalChecks)
+    }
+
+    static func state(_ c: WireClient) throws -> String? { try c.request(#"{"op":"ping"}"#)["cluster"]?["state"]?.stringValue }
+
+    static func waitAttached(_ hosts: [ServerProcess]) throws {
+        for h in hosts {
+            let c = try h.connect()
+            defer { c.close() }
+            try waitUntil("host attached") { try state(c) == "attached" }
+        }
+    }
+
+    @Test func threeHostsApplyOneOrderAndShowTheSameState() throws {
+        let redis = try RedisProcess()
+        let hosts = try (0..<3).map { try Self.host(redis, "h\($0)") }
+        try Self.waitAttached(hosts)
+        let hello = try hosts[1].connect().request(#"{"op":"hello"}"#)
+        #expect(hello["cluster"]?["name"] == "t" && hello["cluster"]?["host"] == "h1")
+
+        let watcher = try hosts[2].connect()
+        #expect(try watcher.request(#"{"op":"subscribe","sub":"f","feed":{}}"#)["ok"] == true)
+        // Two writers on two hosts, pipelined, at the same time.
+        let writers = try [hosts[0].connect(), hosts[1].connect()]
+        let n = 150
+        let done = DispatchGroup()
+        let answeredSeqs = Mutex<[Int]>([])
+        for (w, c) in writers.enumerated() {
+            DispatchQueue.global().async(group: done) {
+                var lines = ""
+                for i in 0..<n { lines += #"{"rid":\#(i),"op":"update","model":{"id":"E\#(i % 20)","by":\#(w),"i":\#(i),"friend":{"id":"E\#((i + 1) % 20)"}}}"# + "\n" }
+                try? c.write(lines)
+                for _ in 0..<n {
+                    guard let r = try? c.response() else { return }
+                    if let s = r["seq"]?.numberValue?.intValue { answeredSeqs.withLock { $0.append(s) } }
+                }
+            }
+        }
+        done.wait()
+        let answered = answeredSeqs.withLock { $0 }
+        #expect(answered.count == 2 * n)
+        #expect(Set(answered).count == 2 * n, "every accepted mutation has its own seq")
+        // Every host reaches the log's head, then all show the same state.
+        var views: [String] = []
+        for h in hosts {
+            let c = try h.connect()
+            let s = try c.request(#"{"op":"sync"}"#)
+            #expect(s["seq"] == .int(2 * n))
+            var all = ""
+            for i in 0..<20 { all += try c.request(#"{"op":"get","id":"E\#(i)"}"#)["model"]!.compactString }
+            views.append(all)
+        }
+        #expect(views[0] == views[1] && views[1] == views[2])
+        // The watcher on the third host saw every mutation, in seq order.
+        try waitUntil("the feed's events") { _ = try watcher.request(#"{"op":"ping"}"#); return Set(watcher.events.compactMap { $0["seq"]?.numberValue?.intValue }).count == 2 * n }
+        let feedSeqs = watcher.take().compactMap { $0["seq"]?.numberValue?.intValue }
+        #expect(feedSeqs == feedSeqs.sorted())
+        let stats = try hosts[0].connect().request(#"{"op":"stats"}"#)
+        #expect(stats["cluster"]?["applied_offset"]?.numberValue?.intValue ?? 0 >= 1)
+        #expect(stats["cluster"]?["lag_entries"] == 0)
+    }
+
+    @Test func aTokenRetriedOnAnotherHostIsAnsweredAsTheOriginal() throws {
+        let redis = try RedisProcess()
+        let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
+        try Self.waitAttached(hosts)
+        let a = try hosts[0].connect(), b = try hosts[1].connect()
+        let first = try a.request(#"{"op":"update","model":{"id":"A","v":1},"token":"once"}"#)
+        let again = try b.request(#"{"op":"update","model":{"id":"A","v":1},"token":"once"}"#)
+        #expect(first["seq"] == 1)
+        #expect(again["seq"] == 1 && again["duplicate"] == true)
+        // A conditional write decided at apply, the same everywhere: a conflict takes no seq.
+        let stale = try b.request(#"{"op":"update","model":{"id":"A","v":2},"if_unchanged_since":0}"#)
+        #expect(stale["error"]?["code"] == "conflict")
+        #expect(try a.request(#"{"op":"sync"}"#)["seq"] == 1)
+        // schema and clear go through the log too (§8.6).
+        #expect(try a.request(#"{"op":"schema","required":{"Message":["sender"]}}"#)["ok"] == true)
+        let schema = try b.request(#"{"op":"schema"}"#)
+        #expect(schema["required"]?["Message"] == .array(["sender"]))
+        #expect(try b.request(#"{"op":"update","model":{"id":"Message:1","sender":{"id":"Person:1"}}}"#)["seq"] == 2)
+        #expect(try a.request(#"{"op":"delete","id":"Person:1"}"#)["seq"] == 3)
+        #expect(try b.request(#"{"op":"get","id":"Message:1","min_seq":3}"#)["model"] == .null)
+        #expect(try a.request(#"{"op":"clear"}"#)["seq"] == 4)
+        #expect(try b.request(#"{"op":"get","id":"A","min_seq":4}"#)["model"] == .null)
+    }
+
+    @Test func losingTheLogIsSeenWithinASecondAndWritesResumeAfterIt() throws {
+        let redis = try RedisProcess()
+        let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
+        try Self.waitAttached(hosts)
+        let a = try hosts[0].connect(), b = try hosts[1].connect()
+        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
+        // A silent partition: the log's process stops answering (its sockets stay open).
+        redis.signal(SIGSTOP)
+        let stopped = Date()
+        try waitUntil("host detached", timeout: 5) { try Self.state(a) == "detached" }
+        #expect(Date().timeIntervalSince(stopped) < 2.5)
+        let refused = try a.request(#"{"op":"update","model":{"id":"A","v":2}}"#)
+        #expect(refused["error"]?["code"] == "unavailable")
+        #expect(refused["error"]?["indeterminate"] == nil)
+        // Reads go on from the host's state.
+        #expect(try b.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)
+        redis.signal(SIGCONT)
+        try Self.waitAttached(hosts)
+        // The log crashes (kill -9) and comes back from its AOF (appendfsync always): nothing acknowledged is lost.
+        redis.kill9()
+        try waitUntil("host detached", timeout: 5) { try Self.state(b) == "detached" }
+        try redis.start()
+        try Self.waitAttached(hosts)
+        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":3}}"#)["seq"] == 2)
+        let seen = try b.request(#"{"op":"get","id":"A","min_seq":2}"#)
+        #expect(seen["model"]?["v"] == 3 && seen["seq"] == 2)
+    }
+
+    @Test func aMutationCaughtInAPartitionIsIndeterminateAndItsTokenTellsTheOutcome() throws {
+        let redis = try RedisProcess()
+        let hosts = try (0..<2).map { try Self.host(redis, "h\($0)", ["--cluster-timeout", "2"]) }
+        try Self.waitAttached(hosts)
+        let a = try hosts[0].connect(), b = try hosts[1].connect()
+        redis.signal(SIGSTOP)
+        // Sent before the host can notice: appended, no answer.
+        let r = try a.request(#"{"op":"update","model":{"id":"A","v":1},"token":"maybe"}"#)
+        #expect(r["error"]?["code"] == "unavailable")
+        let indeterminate = r["error"]?["indeterminate"] == true
+        redis.signal(SIGCONT)
+        try Self.waitAttached(hosts)
+        // Whatever happened, it happened once, on every host; the token tells which.
+        let retry = try b.request(#"{"op":"update","model":{"id":"A","v":1},"token":"maybe"}"#)
+        #expect(retry["seq"] == 1)
+        if retry["duplicate"] == true { #expect(indeterminate, "applied although answered as not applied") }
+        #expect(try a.request(#"{"op":"sync"}"#)["seq"] == 1)
+        #expect(try b.request(#"{"op":"sync"}"#)["seq"] == 1)
+    }
+
+    @Test func aHostKilledOrJoiningLateReplaysTheLog() throws {
+        let redis = try RedisProcess()
+        let first = try Self.host(redis, "h0")
+        var second: ServerProcess? = try Self.host(redis, "h1")
+        try Self.waitAttached([first, second!])
+        let a = try first.connect()
+        var lines = ""
+        for i in 0..<200 { lines += #"{"op":"update","model":{"id":"E\#(i % 30)","i":\#(i)}}"# + "\n" }
+        try a.write(lines)
+        for _ in 0..<100 { _ = try a.response() }
+        second!.kill9()  // under load
+        let dir = second!.directory
+        second = nil
+        for _ in 100..<200 { _ = try a.response() }
+        // Restarted (same socket) and a new host: both replay the log from its start.
+        let restarted = try Self.host(redis, "h1", directory: dir)
+        let joined = try Self.host(redis, "h2")
+        try Self.waitAttached([restarted, joined])
+        var views: [String] = []
+        for h in [first, restarted, joined] {
+            let c = try h.connect()
+            #expect(try c.request(#"{"op":"sync"}"#)["seq"] == 200)
+            var all = ""
+            for i in 0..<30 { all += try c.request(#"{"op":"get","id":"E\#(i)"}"#)["model"]!.compactString }
+            views.append(all)
+        }
+        #expect(views[0] == views[1] && views[1] == views[2])
+    }
+
+    @Test func aHostWithOtherOutcomeChangingOptionsIsRefusedByTheLog() throws {
+        let redis = try RedisProcess()
+        let a = try Self.host(redis, "h0")
+        let odd = try Self.host(redis, "h1", ["--history-mutations", "7"])
+        try Self.waitAttached([a, odd])
+        #expect(try a.connect().request(#"{"op":"update","model":{"id":"A"}}"#)["seq"] == 1)
+        let r = try odd.connect().request(#"{"op":"update","model":{"id":"B"}}"#)
+        #expect(r["error"]?["code"] == "unavailable")
+        #expect(r["error"]?["message"]?.stringValue?.contains("options") == true)
+        #expect(try a.connect().request(#"{"op":"get","id":"B"}"#)["model"] == .null)
+    }
+
+    @Test func clusterOptionsAreCheckedAtStartUp() throws {
+        let bad: [[String]] = [
+            ["--cluster", "redis://127.0.0.1:1"],  // no name
+            ["--cluster", "http://x", "--cluster-name", "t"],
+            ["--cluster", "redis://127.0.0.1:1", "--cluster-name", "t", "--cache", "sqlite"],
+            ["--cluster", "redis://127.0.0.1:1", "--cluster-name", "t", "--cache-ttl", "5"],
+            ["--cluster-name", "t"],
+        ]
+        for args in bad {
+            let (status, stderr) = try ServerProcess.runToExit(arguments: ["--socket", "/tmp/concord-never-\(getpid()).sock"] + args)
+            #expect(status != 0, "\(args)")
+            #expect(stderr.contains("cluster"), "\(args): \(stderr)")
+        }
+    }
+}
