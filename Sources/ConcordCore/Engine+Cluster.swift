@@ -426,6 +426,12 @@ extension Engine {
         var sw = JSONWriter(capacity: 64)
         RecordCodec.writeSchema(&sw, store.requiredLists)
         sum &+= fnv(0x72, String(decoding: sw.bytes, as: UTF8.self), nil)
+        // What else decides outcomes: last-change seqs (tombstones included) and tokens.
+        for (id, s) in versions.entities { sum &+= fnv(0x45, id, .int(s)) }
+        for (key, s) in versions.documents { sum &+= fnv(0x44, key, .int(s)) }
+        for (name, s) in versions.collections { sum &+= fnv(0x43, name, .int(s)) }
+        for (token, s) in versions.tokens { sum &+= fnv(0x54, token, .int(s)) }
+        sum &+= fnv(0x46, "\(versions.floor) \(versions.clearedAt)", nil)
         return sum
     }
 }

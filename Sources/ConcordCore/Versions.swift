@@ -197,6 +197,24 @@ final class Versions {
         floor = seq
     }
 
+    // MARK: Snapshots (cluster mode)
+
+    var tombstoneList: ArraySlice<(seq: Int, kind: UInt8, name: String)> { tombstones[tombstonesHead...] }
+    var tokenList: ArraySlice<(seq: Int, at: Double, token: String)> { tokenOrder[tokenHead...] }
+
+    func replaceTombstones(_ t: [(seq: Int, kind: UInt8, name: String)]) {
+        tombstones = t
+        tombstonesHead = 0
+    }
+
+    /// Loaded from a snapshot at `seq`: no history before it (a replay from earlier is `truncated`).
+    func markHistoryLost(at seq: Int) {
+        history = []
+        historyHead = 0
+        historyEntities = 0
+        historyFloor = seq
+    }
+
     /// Mutations the history holds (with entity changes).
     var historyMutationsHeld: Int { history.count - historyHead }
     /// Names with a known last change (live and tombstones).
