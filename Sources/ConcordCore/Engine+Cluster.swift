@@ -26,9 +26,12 @@ public struct ClusterEntry: Sendable {
     public var origin: String
     /// Each mutation's reference on its host, and its request (canonical JSON).
     public var mutations: [(ref: Int, line: [UInt8])]
+    /// The log's own id of the entry (a Redis stream id), for trimming below a snapshot.
+    public var streamID: String
 
     public init(offset: Int, previousHash: String, hash: String, epoch: String, time: Double, origin: String,
-                mutations: [(ref: Int, line: [UInt8])]) {
+                mutations: [(ref: Int, line: [UInt8])], streamID: String = "") {
+        self.streamID = streamID
         self.offset = offset
         self.previousHash = previousHash
         self.hash = hash
@@ -97,6 +100,8 @@ public enum ClusterLogEvent: Sendable {
     case head(Int)
     /// Appends that did not go in: `indeterminate` when they may have.
     case appendFailed(refs: [Int], indeterminate: Bool, reason: String)
+    /// The host cannot follow the log (a snapshot it needs is missing or damaged).
+    case broken(reason: String)
 }
 
 /// The core's cluster state: all of it on the sequencer thread.
@@ -107,6 +112,7 @@ final class ClusterState {
     var epoch = ""
     var appliedOffset = 0
     var lastHash = ""
+    var lastStreamID = ""
     var headOffset = 0
     var resyncs = 0
     var nextRef = 1
@@ -123,6 +129,8 @@ final class ClusterState {
     let sink: ClientSession
     /// Why the log cannot be followed any more (a gap, a rollback, a new epoch).
     var broken: String?
+    /// Entries behind the log's head past which a host says `catching_up` (it serves meanwhile).
+    static let catchUpLag = 256
     /// See ``Engine/clusterOutcomeDigest``.
     var outcomes: UInt64 = 0xcbf2_9ce4_8422_2325
 
@@ -241,12 +249,15 @@ extension Engine {
             if cl.broken != nil {
                 cl.link = .resyncing
             } else {
-                cl.link = head > cl.appliedOffset ? .catchingUp : .attached
+                cl.link = head - cl.appliedOffset > ClusterState.catchUpLag ? .catchingUp : .attached
             }
             if !cl.syncWaiters.isEmpty { cl.headWanted = true }
         case .detached(let reason):
             cl.link = .detached
             cl.detachedReason = reason
+        case .broken(let reason):
+            if cl.broken == nil { cl.broken = reason }
+            cl.link = .resyncing
         case .head(let head):
             cl.headOffset = max(cl.headOffset, head)
             for c in cl.syncWaiters where c.waitingSync != nil && c.waitingSync!.target == nil {
@@ -290,6 +301,7 @@ extension Engine {
         cl.epoch = entry.epoch
         cl.appliedOffset = entry.offset
         cl.lastHash = entry.hash
+        cl.lastStreamID = entry.streamID
         cl.entryTime = entry.time
         defer { cl.entryTime = nil }
         let mine = entry.origin == cl.settings.origin
@@ -308,8 +320,8 @@ extension Engine {
                 drain(session)
             }
         }
-        if cl.link == .catchingUp, cl.appliedOffset >= cl.headOffset { cl.link = .attached }
         cl.headOffset = max(cl.headOffset, cl.appliedOffset)
+        if cl.link == .catchingUp, cl.headOffset - cl.appliedOffset <= ClusterState.catchUpLag { cl.link = .attached }
         if seq != before && !seqWaiters.isEmpty { wakeSeqWaiters() }
         if !cl.syncWaiters.isEmpty { serviceSyncWaiters(now: nil) }
         checkInvariantsIfEnabled()

@@ -12,6 +12,8 @@ public import ConcordProtocol
 /// and subscriptions (local).
 public struct ClusterSnapshot: Sendable {
     public var offset: Int
+    /// The log's id of the entry at `offset` (where a host loaded from this snapshot reads on).
+    public var streamID: String
     public var hash: String
     public var epoch: String
     public var seq: Int
@@ -28,6 +30,7 @@ public struct ClusterSnapshot: Sendable {
     public func encode() -> [UInt8] {
         var w = JSONWriter(capacity: 1 << 16)
         w.raw("{\"concord_snapshot\":1,\"offset\":"); w.int(offset)
+        w.raw(",\"stream_id\":"); w.string(streamID)
         w.raw(",\"hash\":"); w.string(hash)
         w.raw(",\"epoch\":"); w.string(epoch)
         w.raw(",\"seq\":"); w.int(seq)
@@ -71,12 +74,13 @@ public struct ClusterSnapshot: Sendable {
         guard let first = lines.next() else { throw DecodeError(description: "empty snapshot") }
         let h = try parse(first)
         guard h["concord_snapshot"] == 1, let offset = h["offset"]?.numberValue?.intValue, let hash = h["hash"]?.stringValue,
+              let streamID = h["stream_id"]?.stringValue,
               let epoch = h["epoch"]?.stringValue, let seq = h["seq"]?.numberValue?.intValue,
               let floor = h["floor"]?.numberValue?.intValue, let clearedAt = h["cleared_at"]?.numberValue?.intValue,
               case .object(let schemaObject)? = h["schema"] else {
             throw DecodeError(description: "not a version-1 snapshot header")
         }
-        var s = ClusterSnapshot(offset: offset, hash: hash, epoch: epoch, seq: seq, floor: floor, clearedAt: clearedAt,
+        var s = ClusterSnapshot(offset: offset, streamID: streamID, hash: hash, epoch: epoch, seq: seq, floor: floor, clearedAt: clearedAt,
                                 schema: schemaObject.members.map { m in (m.key, m.value.arrayValue?.compactMap(\.stringValue) ?? []) },
                                 entities: [], documents: [], collections: [], tombstones: [], tokens: [])
         while let line = lines.next() {
@@ -112,7 +116,7 @@ extension Engine {
         var collections: [(name: String, items: [JSON], seq: Int?)] = []
         for name in store.collections.keys { collections.append((name, store.collectionItems(name), versions.collections[name])) }
         let live = versions.liveTombstones
-        return ClusterSnapshot(offset: cl?.appliedOffset ?? 0, hash: cl?.lastHash ?? "", epoch: cl?.epoch ?? "", seq: seq,
+        return ClusterSnapshot(offset: cl?.appliedOffset ?? 0, streamID: cl?.lastStreamID ?? "", hash: cl?.lastHash ?? "", epoch: cl?.epoch ?? "", seq: seq,
                                floor: versions.floor, clearedAt: versions.clearedAt, schema: store.requiredLists,
                                entities: entities, documents: documents, collections: collections,
                                tombstones: live, tokens: versions.liveTokens)
@@ -149,8 +153,10 @@ extension Engine {
         if let cl = cluster {
             cl.appliedOffset = s.offset
             cl.lastHash = s.hash
+            cl.lastStreamID = s.streamID
             cl.epoch = s.epoch
             cl.headOffset = max(cl.headOffset, s.offset)
+            if cl.link == .catchingUp, cl.headOffset - cl.appliedOffset <= ClusterState.catchUpLag { cl.link = .attached }
         }
         checkInvariantsIfEnabled()
     }

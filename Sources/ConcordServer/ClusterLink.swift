@@ -69,6 +69,11 @@ final class ClusterLink {
         var blockMs = 500
         /// Entries read and not yet applied above which the reader pauses (flow control).
         var maxQueuedEntries = 1024
+        /// A snapshot is written (by the host holding the lease) once the log
+        /// is this many entries past the newest one; 0: never (the log is then never trimmed).
+        var snapshotEvery = 10_000
+        /// Bytes per snapshot chunk (one Redis string each).
+        var snapshotChunkBytes = 512 << 10
     }
 
     /// One append: the mutations of one window, under one entry token (the
@@ -116,6 +121,14 @@ final class ClusterLink {
     private var lastBeat = 0.0
     private var told: (attached: Bool, epoch: String, head: Int) = (false, "", -1)
     private var lastID = "0-0"
+    /// The log's start was looked at (snapshot loaded if the log is trimmed); the reader waits for it.
+    private var bootstrapped = false
+    private var bootstrapping = false
+    /// The newest snapshot's offset (from the heartbeat), and when this host last asked for the lease.
+    private var snapshotOffset = 0
+    private var snapshotStartedAt: Double?
+    private var leaseAskedAt = 0.0
+    private(set) var snapshotsWritten = 0
     /// The highest offset read, and its value when the heartbeat in flight was sent.
     private var readOffset = 0
     private var readOffsetAtBeat = 0
@@ -217,6 +230,7 @@ final class ClusterLink {
         if conn === writer {
             loadScript()
             heartbeat()
+            if !bootstrapped { bootstrap() }
         } else {
             read()
         }
@@ -286,6 +300,7 @@ final class ClusterLink {
         }
         if reader == nil { reader = open("reader") }
         if writer?.connected == true, beatSentAt == nil { heartbeat() }
+        if writer?.connected == true, !bootstrapped { bootstrap() }
         if reader?.connected == true, readSentAt == nil { read() }
         expireAppends(now: now)
     }
@@ -294,15 +309,16 @@ final class ClusterLink {
         guard let ac = writer?.ac, writer?.connected == true, beatSentAt == nil else { return }
         beatSentAt = monotonicSeconds()
         readOffsetAtBeat = readOffset
-        command(ac, ["HMGET", metaKey, "epoch", "offset"]) { [self] reply in
+        command(ac, ["HMGET", metaKey, "epoch", "offset", "snap1_offset"]) { [self] reply in
             beatSentAt = nil
-            guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY, reply.pointee.elements == 2 else {
+            guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY, reply.pointee.elements == 3 else {
                 if let reply { problem("unexpected heartbeat answer from the cluster log: \(Self.text(reply) ?? "?")") }
                 return
             }
             lastBeat = monotonicSeconds()
             let epoch = Self.text(reply.pointee.element[0]!) ?? ""
             let head = Int(Self.text(reply.pointee.element[1]!) ?? "0") ?? 0
+            snapshotOffset = Int(Self.text(reply.pointee.element[2]!) ?? "0") ?? 0
             // A head below what was read before asking: the log lost entries
             // (a head below what was read *after* asking is only a late answer).
             let rolledBack = head < readOffsetAtBeat && (epoch == told.epoch || epoch.isEmpty)
@@ -321,6 +337,7 @@ final class ClusterLink {
                 submit(.cluster(.attached(epoch: epoch, head: head)))
             }
             flush()
+            considerSnapshot()
         }
     }
 
@@ -336,7 +353,7 @@ final class ClusterLink {
     // MARK: Reading the log
 
     private func read() {
-        guard let ac = reader?.ac, reader?.connected == true, readSentAt == nil, !closed else { return }
+        guard bootstrapped, let ac = reader?.ac, reader?.connected == true, readSentAt == nil, !closed else { return }
         guard sequencer.clusterQueued.load(ordering: .relaxed) < options.maxQueuedEntries else { return }  // the timer asks again
         readSentAt = monotonicSeconds()
         command(ac, ["XREAD", "COUNT", "256", "BLOCK", String(options.blockMs), "STREAMS", logKey, lastID]) { [self] reply in
@@ -385,10 +402,170 @@ final class ClusterLink {
                     continue
                 }
                 readOffset = max(readOffset, o)
-                out.append(ClusterEntry(offset: o, previousHash: p, hash: h, epoch: e, time: t / 1000, origin: g, mutations: muts))
+                out.append(ClusterEntry(offset: o, previousHash: p, hash: h, epoch: e, time: t / 1000, origin: g, mutations: muts, streamID: id))
             }
         }
         return out
+    }
+
+    // MARK: Snapshots: joining, writing, trimming
+
+    /// Once per process, before the first read: a log that no longer starts
+    /// at offset 1 was trimmed below a snapshot — load the newest snapshot and
+    /// read on after it; otherwise replay the log from its start.
+    private func bootstrap() {
+        guard let ac = writer?.ac, !bootstrapping, !bootstrapped else { return }
+        bootstrapping = true
+        command(ac, ["XRANGE", logKey, "-", "+", "COUNT", "1"]) { [self] reply in
+            guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY else { bootstrapping = false; return }
+            var firstOffset: Int?
+            if reply.pointee.elements > 0 {
+                let fields = reply.pointee.element[0]!.pointee.element[1]!
+                var k = 0
+                while k + 1 < fields.pointee.elements {
+                    if Self.text(fields.pointee.element[k]!) == "o" { firstOffset = Int(Self.text(fields.pointee.element[k + 1]!) ?? "") }
+                    k += 2
+                }
+            }
+            guard let w = writer?.ac else { bootstrapping = false; return }
+            command(w, ["HMGET", metaKey, "offset", "snap1_offset", "snap1_id", "snap1_chunks", "snap1_len", "snap1_sum",
+                        "snap2_offset", "snap2_id", "snap2_chunks", "snap2_len", "snap2_sum"]) { [self] meta in
+                guard let meta, meta.pointee.type == REDIS_REPLY_ARRAY, meta.pointee.elements == 11 else { bootstrapping = false; return }
+                let f = (0..<11).map { Self.text(meta.pointee.element[$0]!) }
+                let head = Int(f[0] ?? "0") ?? 0
+                let trimmed = firstOffset.map { $0 > 1 } ?? (head > 0)
+                guard trimmed else {
+                    bootstrapping = false
+                    bootstrapped = true
+                    read()
+                    return
+                }
+                let candidates = [Array(f[1...5]), Array(f[6...10])].compactMap { m -> (offset: Int, id: String, chunks: Int, length: Int, sum: String)? in
+                    guard let o = m[0].flatMap({ Int($0) }), let id = m[1], let c = m[2].flatMap({ Int($0) }),
+                          let l = m[3].flatMap({ Int($0) }), let sum = m[4] else { return nil }
+                    return (o, id, c, l, sum)
+                }
+                loadSnapshot(candidates[...])
+            }
+        }
+    }
+
+    /// Fetches the first candidate whose bytes check out; the next one when they do not.
+    private func loadSnapshot(_ candidates: ArraySlice<(offset: Int, id: String, chunks: Int, length: Int, sum: String)>) {
+        guard let c = candidates.first else {
+            bootstrapping = false
+            bootstrapped = true  // nothing to read on from: the core stops with the reason
+            submit(.cluster(.broken(reason: "the cluster log was trimmed and no usable snapshot is stored; this host cannot rebuild the state")))
+            return
+        }
+        guard let ac = writer?.ac else { bootstrapping = false; return }
+        let keys = (0..<c.chunks).map { "\(tokenPrefix.dropLast(4))snap:\(c.offset):\($0)" }
+        command(ac, ["MGET"] + keys) { [self] reply in
+            guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY else { bootstrapping = false; return }
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(c.length)
+            for i in 0..<reply.pointee.elements {
+                if let b = Self.bytes(reply.pointee.element[i]!) { bytes.append(contentsOf: b) }
+            }
+            guard bytes.count == c.length, Self.fnvHex(bytes) == c.sum else {
+                logger.error("a cluster snapshot is damaged; trying the older one", metadata: ["concord.offset": "\(c.offset)"])
+                loadSnapshot(candidates.dropFirst())
+                return
+            }
+            submit(.loadSnapshot(bytes))
+            lastID = c.id
+            readOffset = c.offset
+            bootstrapping = false
+            bootstrapped = true
+            read()
+        }
+    }
+
+    /// After a heartbeat: when the log is `snapshotEvery` entries past the
+    /// newest snapshot, take the lease (one writer at a time) and ask the core for one.
+    private func considerSnapshot() {
+        guard options.snapshotEvery > 0, bootstrapped, readOffset - snapshotOffset >= options.snapshotEvery else { return }
+        let now = monotonicSeconds()
+        if let started = snapshotStartedAt {
+            guard now - started > 60 else { return }  // lost on the way: the lease has expired too
+            snapshotStartedAt = nil
+        }
+        guard now - leaseAskedAt > 1, let ac = writer?.ac else { return }
+        leaseAskedAt = now
+        command(ac, ["SET", leaseKey, options.settings.origin, "NX", "PX", "60000"]) { [self] reply in
+            guard let reply, reply.pointee.type == REDIS_REPLY_STATUS else { return }  // another host holds it
+            snapshotStartedAt = monotonicSeconds()
+            submit(.snapshotWanted)
+        }
+    }
+
+    private var leaseKey: String { "concord:{\(options.settings.name)}:snaplease" }
+
+    /// Drops the older snapshot, makes the new one the newest, and trims the
+    /// log below the one that is now the older — only if this host still
+    /// holds the lease (a host that paused past it must not overwrite).
+    static let finishSnapshotScript = """
+        if redis.call('GET', KEYS[3]) ~= ARGV[1] then return redis.error_reply('CONCORD lost the snapshot lease') end
+        local cur = redis.call('HMGET', KEYS[1], 'snap1_offset', 'snap1_id', 'snap1_chunks', 'snap1_len', 'snap1_sum', 'snap2_offset', 'snap2_chunks')
+        if cur[1] and tonumber(cur[1]) >= tonumber(ARGV[2]) then
+          redis.call('DEL', KEYS[3])
+          return {'stale', '0'}
+        end
+        if cur[6] then
+          for i = 0, tonumber(cur[7]) - 1 do redis.call('DEL', ARGV[7] .. cur[6] .. ':' .. i) end
+        end
+        if cur[1] then
+          redis.call('HSET', KEYS[1], 'snap2_offset', cur[1], 'snap2_id', cur[2], 'snap2_chunks', cur[3], 'snap2_len', cur[4], 'snap2_sum', cur[5])
+        end
+        redis.call('HSET', KEYS[1], 'snap1_offset', ARGV[2], 'snap1_id', ARGV[3], 'snap1_chunks', ARGV[4], 'snap1_len', ARGV[5], 'snap1_sum', ARGV[6])
+        local trimmed = 0
+        if cur[2] then trimmed = redis.call('XTRIM', KEYS[2], 'MINID', cur[2]) end
+        redis.call('DEL', KEYS[3])
+        return {'ok', tostring(trimmed)}
+        """
+
+    /// Uploads an encoded snapshot in chunks, then finishes it (rotation, trim) in one script.
+    func upload(snapshot bytes: [UInt8], offset: Int, streamID: String) {
+        guard let ac = writer?.ac, writer?.connected == true, !streamID.isEmpty else {
+            snapshotStartedAt = nil
+            return
+        }
+        let prefix = "\(tokenPrefix.dropLast(4))snap:"
+        let size = options.snapshotChunkBytes
+        let chunks = max(1, (bytes.count + size - 1) / size)
+        var failed = false
+        for i in 0..<chunks {
+            let part = Array(bytes[min(bytes.count, i * size)..<min(bytes.count, (i + 1) * size)])
+            command(ac, [Array("SET".utf8), Array("\(prefix)\(offset):\(i)".utf8), part]) { [self] reply in
+                if reply == nil || reply!.pointee.type == REDIS_REPLY_ERROR {
+                    if !failed { problem("uploading a cluster snapshot failed: \(reply.flatMap(Self.text) ?? "connection lost")") }
+                    failed = true
+                }
+            }
+        }
+        // Commands on one connection run in order: the script sees every chunk.
+        let args = ["EVAL", Self.finishSnapshotScript, "3", metaKey, logKey, leaseKey, options.settings.origin, String(offset), streamID,
+                    String(chunks), String(bytes.count), Self.fnvHex(bytes), prefix]
+        command(ac, args) { [self] reply in
+            snapshotStartedAt = nil
+            guard !failed, let reply, reply.pointee.type == REDIS_REPLY_ARRAY, reply.pointee.elements == 2 else {
+                if let reply, reply.pointee.type == REDIS_REPLY_ERROR { problem("finishing a cluster snapshot failed: \(Self.text(reply) ?? "?")") }
+                return
+            }
+            snapshotsWritten += 1
+            snapshotOffset = max(snapshotOffset, offset)
+            logger.info("cluster snapshot stored", metadata: [
+                "concord.offset": "\(offset)", "concord.bytes": "\(bytes.count)", "concord.chunks": "\(chunks)",
+                "concord.result": "\(Self.text(reply.pointee.element[0]!) ?? "?")",
+                "concord.trimmed_entries": "\(Self.text(reply.pointee.element[1]!) ?? "0")",
+            ])
+        }
+    }
+
+    static func fnvHex(_ bytes: [UInt8]) -> String {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for b in bytes { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+        return String(h, radix: 16)
     }
 
     // MARK: Appending

@@ -38,6 +38,10 @@ final class Sequencer: @unchecked Sendable {
         case clusterEntries([ClusterEntry])
         /// Cluster mode: what the link learned (attached, detached, head, failed appends).
         case cluster(ClusterLogEvent)
+        /// Cluster mode: this host holds the snapshot lease; take a snapshot at the next entry boundary.
+        case snapshotWanted
+        /// Cluster mode, start-up: the newest snapshot, to load before reading the log after it.
+        case loadSnapshot([UInt8])
         case shutdown
     }
 
@@ -57,6 +61,8 @@ final class Sequencer: @unchecked Sendable {
         /// Cluster mode: mutations to append to the log (this turn's window), and whether a `sync` wants the log's head.
         var clusterAppends: [(ref: Int, line: [UInt8])] = []
         var clusterHeadWanted = false
+        /// A snapshot encoded for the link to upload.
+        var clusterSnapshot: (offset: Int, streamID: String, bytes: [UInt8])?
     }
 
     /// Bytes of lines read by the loop and not yet handed to the engine, all connections.
@@ -67,6 +73,8 @@ final class Sequencer: @unchecked Sendable {
     private var logQueue: [ClusterEntry] = []
     private var logHead = 0
     private var loggedBroken = false
+    /// A snapshot is being encoded (one at a time).
+    private let snapshotting = Atomic<Bool>(false)
 
     private let condition = Condition()
     private var inbox: [Input] = []
@@ -332,6 +340,33 @@ final class Sequencer: @unchecked Sendable {
             logQueue.append(contentsOf: entries)
         case .cluster(let event):
             engine.clusterEvent(event)
+        case .snapshotWanted:
+            guard engine.clusterBroken == nil, !snapshotting.exchange(true, ordering: .relaxed) else { break }
+            // References on this thread (values are copy-on-write), bytes on another.
+            let snap = engine.clusterSnapshot()
+            let deliver = self.deliver
+            let logger = self.logger
+            startThread(name: "concord-snap") { [self] in
+                let started = monotonicSeconds()
+                var d = Delivery(outputs: [], drained: false, inputTaken: false)
+                d.clusterSnapshot = (snap.offset, snap.streamID, snap.encode())
+                logger.info("cluster snapshot encoded", metadata: [
+                    "concord.offset": "\(snap.offset)", "concord.bytes": "\(d.clusterSnapshot!.bytes.count)",
+                    "concord.ms": "\(Int((monotonicSeconds() - started) * 1000))",
+                ])
+                deliver(d)
+                snapshotting.store(false, ordering: .relaxed)
+            }
+        case .loadSnapshot(let bytes):
+            do {
+                let snap = try ClusterSnapshot.decode(bytes, maxDepth: engine.configuration.maxDepth)
+                try engine.loadClusterSnapshot(snap)
+                logger.info("loaded the cluster snapshot", metadata: ["concord.offset": "\(snap.offset)", "concord.seq": "\(snap.seq)"])
+            } catch let e as ClusterSnapshot.DecodeError {
+                engine.clusterEvent(.broken(reason: "the cluster snapshot does not load: \(e.description)"))
+            } catch {
+                engine.clusterEvent(.broken(reason: "the cluster snapshot does not load: \(error)"))
+            }
         case .shutdown:
             if shutdownDeadline == nil { shutdownDeadline = monotonicSeconds() + shutdownTimeout }
         }

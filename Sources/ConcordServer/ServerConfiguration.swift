@@ -87,6 +87,9 @@ public struct ClusterConfiguration: Sendable {
     /// `redis://HOST:PORT` or `unix:///path/to/redis.sock`.
     public var url: String
     public var settings: ClusterSettings
+    /// Log entries between snapshots (written by one host at a time; the log
+    /// is trimmed below the older of the two kept). 0: none, and no trimming.
+    public var snapshotEvery = 10_000
 
     public init(url: String, settings: ClusterSettings) {
         self.url = url

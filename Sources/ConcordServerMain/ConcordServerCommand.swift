@@ -139,6 +139,9 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(help: "Seconds a mutation waits for the cluster log before it is answered unavailable (with \"indeterminate\":true when it may still be applied).")
     var clusterTimeout: Double = 5
 
+    @Option(help: "Cluster mode: log entries between snapshots of the state (one host at a time writes one; the log is trimmed below the older of the two kept, never by count). 0: no snapshots, the log is never trimmed.")
+    var clusterSnapshotEntries: Int = 10_000
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel: String = "info"
 
@@ -194,6 +197,7 @@ struct ConcordServerCommand: ParsableCommand {
                 throw ValidationError("--cluster: an acknowledged mutation is as durable as the log (see docs/OPERATIONS.md); --durability sync applies to a local backend only")
             }
             if !(clusterTimeout > 0) { throw ValidationError("--cluster-timeout must be positive") }
+            if clusterSnapshotEntries < 0 { throw ValidationError("--cluster-snapshot-entries must not be negative") }
         } else if clusterName != nil || clusterHost != nil {
             throw ValidationError("--cluster-name and --cluster-host need --cluster")
         }
@@ -274,6 +278,7 @@ struct ConcordServerCommand: ParsableCommand {
             var r = SystemRandomNumberGenerator()
             let origin = "\(host)#\(getpid())-\(String(r.next() & 0xffff_ffff, radix: 16))"
             config.cluster = ClusterConfiguration(url: url, settings: ClusterSettings(name: name, host: host, origin: origin, timeout: clusterTimeout))
+            config.cluster?.snapshotEvery = clusterSnapshotEntries
         }
         config.durability = Durability(rawValue: durability) ?? .async
         config.memoryLimit = memoryLimit

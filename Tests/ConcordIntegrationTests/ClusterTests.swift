@@ -47,6 +47,19 @@ final class RedisProcess: @unchecked Sendable {
         }
     }
 
+    /// One command through redis-cli (Debian's redis-tools, installed with redis-server).
+    func cli(_ args: [String]) throws -> String {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/redis-cli")
+        p.arguments = ["-s", socketPath] + args
+        let pipe = Pipe()
+        p.standardOutput = pipe
+        try p.run()
+        let out = pipe.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return String(decoding: out, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
     func signal(_ sig: Int32) {
         guard let p = process, p.isRunning else { return }
         kill(p.processIdentifier, sig)
@@ -83,7 +96,15 @@ struct ClusterTests {
         for h in hosts {
             let c = try h.connect()
             defer { c.close() }
-            try waitUntil("host attached") { try state(c) == "attached" }
+            var last = JSON.null
+            do {
+                try waitUntil("host attached") {
+                    last = try c.request(#"{"op":"ping"}"#)
+                    return last["cluster"]?["state"] == "attached"
+                }
+            } catch {
+                throw TestFailure("\(error): last ping \(last.compactString); log: \(h.stderr.suffix(1500))")
+            }
         }
     }
 
@@ -235,6 +256,49 @@ struct ClusterTests {
             views.append(all)
         }
         #expect(views[0] == views[1] && views[1] == views[2])
+    }
+
+    @Test func snapshotsLetTheLogBeTrimmedAndNewHostsStartFromThem() throws {
+        let redis = try RedisProcess()
+        let every = ["--cluster-snapshot-entries", "40"]
+        let a = try Self.host(redis, "h0", every), b = try Self.host(redis, "h1", every)
+        try Self.waitAttached([a, b])
+        let ca = try a.connect(), cb = try b.connect()
+        // One entry per request (each waits for its answer): 300 log entries, with deletes, tokens and a document.
+        for i in 0..<300 {
+            let c = i % 2 == 0 ? ca : cb
+            let line: String
+            switch i % 10 {
+            case 3: line = #"{"op":"delete","id":"E\#((i + 1) % 25)"}"#
+            case 5: line = #"{"op":"update","model":{"id":"T\#(i % 4)","i":\#(i)},"token":"tok\#(i % 8)"}"#
+            case 7: line = #"{"op":"update","key":"doc","model":{"e":{"id":"E\#(i % 25)"},"i":\#(i)}}"#
+            default: line = #"{"op":"update","model":{"id":"E\#(i % 25)","i":\#(i),"next":{"id":"E\#((i + 7) % 25)"}}}"#
+            }
+            #expect(try c.request(line)["ok"] != nil)
+        }
+        // Snapshots were written and the log trimmed below the older one (never by count).
+        try waitUntil("the log to be trimmed") { (Int(try redis.cli(["XLEN", "concord:{t}:log"])) ?? 300) < 300 }
+        let meta = try redis.cli(["HGET", "concord:{t}:meta", "snap1_offset"])
+        #expect((Int(meta) ?? 0) >= 200)
+        // A new host starts from the newest snapshot and the log after it.
+        let joined = try Self.host(redis, "h2", every)
+        try Self.waitAttached([joined])
+        var views: [String] = []
+        for h in [a, b, joined] {
+            let c = try h.connect()
+            let synced = try c.request(#"{"op":"sync"}"#)
+            #expect(synced["ok"] == true)
+            var all = try c.request(#"{"op":"get","key":"doc"}"#)["model"]!.compactString
+            for i in 0..<25 { all += try c.request(#"{"op":"get","id":"E\#(i)"}"#)["model"]!.compactString }
+            for i in 0..<4 { all += try c.request(#"{"op":"get","id":"T\#(i)"}"#)["model"]!.compactString }
+            all += "\(synced["seq"]!.compactString)"
+            views.append(all)
+        }
+        #expect(views[0] == views[1] && views[1] == views[2])
+        // Its tokens came with the snapshot: a retry there is a duplicate, not a second write.
+        let retry = try joined.connect().request(#"{"op":"update","model":{"id":"T1","i":295},"token":"tok5"}"#)
+        #expect(retry["duplicate"] == true)
+        #expect(joined.stderr.contains("loaded the cluster snapshot"))
     }
 
     @Test func aHostWithOtherOutcomeChangingOptionsIsRefusedByTheLog() throws {
