@@ -102,6 +102,8 @@ public enum ClusterLogEvent: Sendable {
     case appendFailed(refs: [Int], indeterminate: Bool, reason: String)
     /// The host cannot follow the log (a snapshot it needs is missing or damaged).
     case broken(reason: String)
+    /// Another host's state digest at `offset` differs from this host's: an alarm (`stats`, the log).
+    case digestMismatch(offset: Int, detail: String)
 }
 
 /// The core's cluster state: all of it on the sequencer thread.
@@ -129,6 +131,9 @@ final class ClusterState {
     let sink: ClientSession
     /// Why the log cannot be followed any more (a gap, a rollback, a new epoch).
     var broken: String?
+    /// State digests that differed from another host's, and the last one.
+    var digestMismatches = 0
+    var lastMismatch: String?
     /// Entries behind the log's head past which a host says `catching_up` (it serves meanwhile).
     static let catchUpLag = 256
     /// See ``Engine/clusterOutcomeDigest``.
@@ -255,6 +260,9 @@ extension Engine {
         case .detached(let reason):
             cl.link = .detached
             cl.detachedReason = reason
+        case .digestMismatch(let offset, let detail):
+            cl.digestMismatches += 1
+            cl.lastMismatch = "offset \(offset): \(detail)"
         case .broken(let reason):
             if cl.broken == nil { cl.broken = reason }
             cl.link = .resyncing
@@ -409,6 +417,8 @@ extension Engine {
         w.raw(",\"name\":"); w.string(cl.settings.name)
         w.raw(",\"host\":"); w.string(cl.settings.host)
         w.raw(",\"pending\":"); w.int(cl.pending.count)
+        w.raw(",\"digest_mismatches\":"); w.int(cl.digestMismatches)
+        if let m = cl.lastMismatch { w.raw(",\"last_digest_mismatch\":"); w.string(m) }
         if let b = cl.broken { w.raw(",\"problem\":"); w.string(b) }
         w.raw("}")
     }

@@ -69,8 +69,9 @@ final class ClusterLink {
         var blockMs = 500
         /// Entries read and not yet applied above which the reader pauses (flow control).
         var maxQueuedEntries = 1024
-        /// A snapshot is written (by the host holding the lease) once the log
-        /// is this many entries past the newest one; 0: never (the log is then never trimmed).
+        /// Every host snapshots its state at each multiple of this offset (its
+        /// checksum is the state digest hosts compare); one of them uploads it.
+        /// 0: never (no digests, and the log is never trimmed).
         var snapshotEvery = 10_000
         /// Bytes per snapshot chunk (one Redis string each).
         var snapshotChunkBytes = 512 << 10
@@ -124,10 +125,8 @@ final class ClusterLink {
     /// The log's start was looked at (snapshot loaded if the log is trimmed); the reader waits for it.
     private var bootstrapped = false
     private var bootstrapping = false
-    /// The newest snapshot's offset (from the heartbeat), and when this host last asked for the lease.
+    /// The newest snapshot's offset (from the heartbeat).
     private var snapshotOffset = 0
-    private var snapshotStartedAt: Double?
-    private var leaseAskedAt = 0.0
     private(set) var snapshotsWritten = 0
     /// The highest offset read, and its value when the heartbeat in flight was sent.
     private var readOffset = 0
@@ -337,7 +336,6 @@ final class ClusterLink {
                 submit(.cluster(.attached(epoch: epoch, head: head)))
             }
             flush()
-            considerSnapshot()
         }
     }
 
@@ -481,21 +479,36 @@ final class ClusterLink {
         }
     }
 
-    /// After a heartbeat: when the log is `snapshotEvery` entries past the
-    /// newest snapshot, take the lease (one writer at a time) and ask the core for one.
-    private func considerSnapshot() {
-        guard options.snapshotEvery > 0, bootstrapped, readOffset - snapshotOffset >= options.snapshotEvery else { return }
-        let now = monotonicSeconds()
-        if let started = snapshotStartedAt {
-            guard now - started > 60 else { return }  // lost on the way: the lease has expired too
-            snapshotStartedAt = nil
+    /// A snapshot every host took at the same offset (a multiple of
+    /// `snapshotEvery`): its checksum is published as this host's state
+    /// digest and compared with the other hosts' (a mismatch is an alarm,
+    /// never silent); the host that gets the lease uploads it.
+    func snapshotTaken(_ bytes: [UInt8], offset: Int, streamID: String, sum: String) {
+        guard let ac = writer?.ac, writer?.connected == true else { return }
+        let key = "\(tokenPrefix.dropLast(4))digest:\(offset)"
+        command(ac, ["HSET", key, options.settings.origin, sum]) { _ in }
+        command(ac, ["EXPIRE", key, "86400"]) { _ in }
+        command(ac, ["HGETALL", key]) { [self] reply in
+            guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY else { return }
+            var others: [(String, String)] = []
+            var k = 0
+            while k + 1 < reply.pointee.elements {
+                if let host = Self.text(reply.pointee.element[k]!), let theirs = Self.text(reply.pointee.element[k + 1]!), theirs != sum {
+                    others.append((host, theirs))
+                }
+                k += 2
+            }
+            guard !others.isEmpty else { return }
+            let detail = others.map { "\($0.0) has \($0.1)" }.joined(separator: ", ")
+            logger.critical("cluster state digests differ: the hosts do not hold the same state", metadata: [
+                "concord.offset": "\(offset)", "concord.digest": "\(sum)", "concord.others": "\(detail)",
+            ])
+            submit(.cluster(.digestMismatch(offset: offset, detail: "this host has \(sum), \(detail)")))
         }
-        guard now - leaseAskedAt > 1, let ac = writer?.ac else { return }
-        leaseAskedAt = now
+        guard offset > snapshotOffset, !streamID.isEmpty else { return }
         command(ac, ["SET", leaseKey, options.settings.origin, "NX", "PX", "60000"]) { [self] reply in
-            guard let reply, reply.pointee.type == REDIS_REPLY_STATUS else { return }  // another host holds it
-            snapshotStartedAt = monotonicSeconds()
-            submit(.snapshotWanted)
+            guard let reply, reply.pointee.type == REDIS_REPLY_STATUS else { return }  // another host writes this one
+            upload(snapshot: bytes, offset: offset, streamID: streamID, sum: sum)
         }
     }
 
@@ -525,11 +538,8 @@ final class ClusterLink {
         """
 
     /// Uploads an encoded snapshot in chunks, then finishes it (rotation, trim) in one script.
-    func upload(snapshot bytes: [UInt8], offset: Int, streamID: String) {
-        guard let ac = writer?.ac, writer?.connected == true, !streamID.isEmpty else {
-            snapshotStartedAt = nil
-            return
-        }
+    private func upload(snapshot bytes: [UInt8], offset: Int, streamID: String, sum: String) {
+        guard let ac = writer?.ac, writer?.connected == true, !streamID.isEmpty else { return }
         let prefix = "\(tokenPrefix.dropLast(4))snap:"
         let size = options.snapshotChunkBytes
         let chunks = max(1, (bytes.count + size - 1) / size)
@@ -545,9 +555,8 @@ final class ClusterLink {
         }
         // Commands on one connection run in order: the script sees every chunk.
         let args = ["EVAL", Self.finishSnapshotScript, "3", metaKey, logKey, leaseKey, options.settings.origin, String(offset), streamID,
-                    String(chunks), String(bytes.count), Self.fnvHex(bytes), prefix]
+                    String(chunks), String(bytes.count), sum, prefix]
         command(ac, args) { [self] reply in
-            snapshotStartedAt = nil
             guard !failed, let reply, reply.pointee.type == REDIS_REPLY_ARRAY, reply.pointee.elements == 2 else {
                 if let reply, reply.pointee.type == REDIS_REPLY_ERROR { problem("finishing a cluster snapshot failed: \(Self.text(reply) ?? "?")") }
                 return

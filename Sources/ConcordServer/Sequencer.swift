@@ -38,8 +38,6 @@ final class Sequencer: @unchecked Sendable {
         case clusterEntries([ClusterEntry])
         /// Cluster mode: what the link learned (attached, detached, head, failed appends).
         case cluster(ClusterLogEvent)
-        /// Cluster mode: this host holds the snapshot lease; take a snapshot at the next entry boundary.
-        case snapshotWanted
         /// Cluster mode, start-up: the newest snapshot, to load before reading the log after it.
         case loadSnapshot([UInt8])
         case shutdown
@@ -62,7 +60,7 @@ final class Sequencer: @unchecked Sendable {
         var clusterAppends: [(ref: Int, line: [UInt8])] = []
         var clusterHeadWanted = false
         /// A snapshot encoded for the link to upload.
-        var clusterSnapshot: (offset: Int, streamID: String, bytes: [UInt8])?
+        var clusterSnapshot: (offset: Int, streamID: String, bytes: [UInt8], sum: String)?
     }
 
     /// Bytes of lines read by the loop and not yet handed to the engine, all connections.
@@ -73,6 +71,8 @@ final class Sequencer: @unchecked Sendable {
     private var logQueue: [ClusterEntry] = []
     private var logHead = 0
     private var loggedBroken = false
+    /// Cluster mode: entries between snapshots (and state digests); 0: none.
+    private let snapshotEvery: Int
     /// A snapshot is being encoded (one at a time).
     private let snapshotting = Atomic<Bool>(false)
 
@@ -135,6 +135,7 @@ final class Sequencer: @unchecked Sendable {
         engine.statsSource = statsSource
         engine.clock = { monotonicSeconds() }
         if let cluster = configuration.cluster { engine.enableCluster(cluster.settings) }
+        snapshotEvery = configuration.cluster?.snapshotEvery ?? 0
         linesPerTurn = max(1, configuration.linesPerTurn)
         turnBudget = configuration.turnBudget
         shutdownTimeout = configuration.shutdownTimeout
@@ -340,23 +341,6 @@ final class Sequencer: @unchecked Sendable {
             logQueue.append(contentsOf: entries)
         case .cluster(let event):
             engine.clusterEvent(event)
-        case .snapshotWanted:
-            guard engine.clusterBroken == nil, !snapshotting.exchange(true, ordering: .relaxed) else { break }
-            // References on this thread (values are copy-on-write), bytes on another.
-            let snap = engine.clusterSnapshot()
-            let deliver = self.deliver
-            let logger = self.logger
-            startThread(name: "concord-snap") { [self] in
-                let started = monotonicSeconds()
-                var d = Delivery(outputs: [], drained: false, inputTaken: false)
-                d.clusterSnapshot = (snap.offset, snap.streamID, snap.encode())
-                logger.info("cluster snapshot encoded", metadata: [
-                    "concord.offset": "\(snap.offset)", "concord.bytes": "\(d.clusterSnapshot!.bytes.count)",
-                    "concord.ms": "\(Int((monotonicSeconds() - started) * 1000))",
-                ])
-                deliver(d)
-                snapshotting.store(false, ordering: .relaxed)
-            }
         case .loadSnapshot(let bytes):
             do {
                 let snap = try ClusterSnapshot.decode(bytes, maxDepth: engine.configuration.maxDepth)
@@ -369,6 +353,30 @@ final class Sequencer: @unchecked Sendable {
             }
         case .shutdown:
             if shutdownDeadline == nil { shutdownDeadline = monotonicSeconds() + shutdownTimeout }
+        }
+    }
+
+    /// Cluster mode: at every multiple of `snapshotEvery` the state is copied
+    /// here (references: values are copy-on-write) and encoded on its own
+    /// thread; the link publishes its checksum as this host's digest and
+    /// uploads it when it gets the lease. One at a time: a point passed while
+    /// one is encoding is skipped.
+    private func takeSnapshot() {
+        guard engine.clusterBroken == nil, !snapshotting.exchange(true, ordering: .relaxed) else { return }
+        let snap = engine.clusterSnapshot()
+        let deliver = self.deliver
+        let logger = self.logger
+        startThread(name: "concord-snap") { [self] in
+            let started = monotonicSeconds()
+            let bytes = snap.encode()
+            var d = Delivery(outputs: [], drained: false, inputTaken: false)
+            d.clusterSnapshot = (snap.offset, snap.streamID, bytes, ClusterLink.fnvHex(bytes))
+            logger.debug("cluster snapshot encoded", metadata: [
+                "concord.offset": "\(snap.offset)", "concord.bytes": "\(bytes.count)",
+                "concord.ms": "\(Int((monotonicSeconds() - started) * 1000))",
+            ])
+            deliver(d)
+            snapshotting.store(false, ordering: .relaxed)
         }
     }
 
@@ -386,6 +394,8 @@ final class Sequencer: @unchecked Sendable {
                 logger.critical("this host stopped following the cluster log", metadata: ["concord.reason": "\(why)"])
             }
             if engine.seq != before && mutationsReadAt.count < ServerMetrics.latencySamplesPerTurn { mutationsReadAt.append(monotonicSeconds()) }
+            let offset = engine.clusterAppliedOffset
+            if snapshotEvery > 0, offset == entry.offset, offset % snapshotEvery == 0 { takeSnapshot() }
         }
         clusterQueued.subtract(n, ordering: .relaxed)
         if logHead == logQueue.count {

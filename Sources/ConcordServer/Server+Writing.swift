@@ -35,7 +35,7 @@ extension Server {
             for (token, text) in d.metrics { metricsEndpoint?.respond(token: token, text: text) }
             if !d.clusterAppends.isEmpty { clusterLink?.append(d.clusterAppends) }
             if d.clusterHeadWanted { clusterLink?.fetchHead() }
-            if let snap = d.clusterSnapshot { clusterLink?.upload(snapshot: snap.bytes, offset: snap.offset, streamID: snap.streamID) }
+            if let snap = d.clusterSnapshot { clusterLink?.snapshotTaken(snap.bytes, offset: snap.offset, streamID: snap.streamID, sum: snap.sum) }
             if d.inputTaken { tookInput = true }
             if d.drained { startClosing() }
         }

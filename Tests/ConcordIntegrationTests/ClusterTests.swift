@@ -264,6 +264,8 @@ struct ClusterTests {
         let a = try Self.host(redis, "h0", every), b = try Self.host(redis, "h1", every)
         try Self.waitAttached([a, b])
         let ca = try a.connect(), cb = try b.connect()
+        // A host that is not there "published" another digest for offset 280: the alarm must go off there, and only there.
+        _ = try redis.cli(["HSET", "concord:{t}:digest:280", "ghost", "0123456789abcdef"])
         // One entry per request (each waits for its answer): 300 log entries, with deletes, tokens and a document.
         for i in 0..<300 {
             let c = i % 2 == 0 ? ca : cb
@@ -299,6 +301,15 @@ struct ClusterTests {
         let retry = try joined.connect().request(#"{"op":"update","model":{"id":"T1","i":295},"token":"tok5"}"#)
         #expect(retry["duplicate"] == true)
         #expect(joined.stderr.contains("loaded the cluster snapshot"))
+        // Every host published the same digest at every snapshot point (the ghost's aside).
+        for offset in [40, 120, 240] {
+            let sums = try redis.cli(["HVALS", "concord:{t}:digest:\(offset)"]).split(separator: "\n")
+            #expect(sums.count >= 2 && Set(sums).count == 1, "offset \(offset): \(sums)")
+        }
+        let stats = try ca.request(#"{"op":"stats"}"#)["cluster"]
+        #expect(stats?["digest_mismatches"] == 1)
+        #expect(stats?["last_digest_mismatch"]?.stringValue?.contains("offset 280") == true)
+        #expect(a.stderr.contains("cluster state digests differ"))
     }
 
     @Test func aHostWithOtherOutcomeChangingOptionsIsRefusedByTheLog() throws {
