@@ -39,10 +39,15 @@ struct LoadOptions: ParsableCommand {
               populate     fill a server with N entities [-n 1000000]
               first-get    time to the first get after a start
                            [--id Person:123456]
+              cluster-replay  N random mutations from three cluster-mode
+                           engines on an in-process log (one joins from a
+                           snapshot halfway); prints the state and outcome
+                           digests, which must not depend on the process's
+                           hash seed [-n 100000]
             The benchmark next to Redis is Benchmarks/ConcordBench (make bench).
             """)
 
-    static let commands = ["codec", "core", "pipeline", "fanout", "subs", "collections", "backend", "populate", "first-get"]
+    static let commands = ["codec", "core", "pipeline", "fanout", "subs", "collections", "backend", "populate", "first-get", "cluster-replay"]
 
     @Argument(help: "What to measure (see below).")
     var command: String
@@ -164,9 +169,90 @@ func model200(_ id: String, _ v: Int) -> String {
     #"{"id":"\#(id)","v":\#(v),"name":"Ada Lovelace","title":"Analyst","bio":"First to publish an algorithm for a machine.","tags":["math","poetry","engines"],"org":{"id":"Org:1","name":"Analytical"}}"#
 }
 
+/// Three engines in cluster mode on an in-process log (PROTOCOL §8): random
+/// mutations from all of them, entries applied by each in log order.
+func clusterReplay(mutations n: Int) -> String {
+    var state: UInt64 = 0x2545_F491_4F6C_DD1D
+    func next() -> Int {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return Int(truncatingIfNeeded: (z ^ (z >> 31)) >> 1)
+    }
+    var configuration = EngineConfiguration()
+    configuration.internalChecks = false
+    var engines: [Engine] = []
+    var read: [Int] = []
+    var entries: [ClusterEntry] = []
+    var hash = ""
+    func host(_ i: Int) -> Engine {
+        let e = Engine(configuration: configuration)
+        e.enableCluster(ClusterSettings(name: "r", host: "h\(i)", origin: "h\(i)", timeout: 5))
+        e.clusterEvent(.attached(epoch: "", head: 0))
+        for c in 1...2 { e.open(c) }
+        return e
+    }
+    for i in 0..<3 { engines.append(host(i)); read.append(0) }
+    func pump() {
+        for (i, e) in engines.enumerated() {
+            let m = e.takeClusterAppends()
+            guard !m.isEmpty else { continue }
+            let offset = entries.count + 1
+            var h: UInt64 = 0xcbf2_9ce4_8422_2325
+            for b in "\(hash)|\(offset)|h\(i)".utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+            let prev = hash
+            hash = String(h, radix: 16)
+            entries.append(ClusterEntry(offset: offset, previousHash: prev, hash: hash, epoch: "e", time: Double(offset),
+                                        origin: "h\(i)", mutations: m, streamID: "\(offset)-0"))
+        }
+        for (i, e) in engines.enumerated() {
+            while read[i] < entries.count { e.applyClusterEntry(entries[read[i]]); read[i] += 1 }
+            _ = e.takeOutput()
+        }
+    }
+    var sent = 0
+    var joined = false
+    while sent < n {
+        for _ in 0..<(1 + next() % 8) where sent < n {
+            let h = next() % engines.count, id = next() % 500, v = next() % 40
+            let line: String
+            switch next() % 10 {
+            case 0...3: line = #"{"op":"update","model":{"id":"E:\#(id)","v":\#(v),"tags":["a","\#(v)"],"next":{"id":"E:\#((id * 7 + 1) % 500)"}}}"#
+            case 4: line = #"{"op":"delete","id":"E:\#(id)"}"#
+            case 5: line = #"{"op":"update","model":{"id":"E:\#(id)","v":0},"if_unchanged_since":\#(max(0, engines[h].seq - v % 5))}"#
+            case 6: line = #"{"op":"update","model":{"id":"T:\#(v)","n":\#(id)},"token":"t\#(id % 300)"}"#
+            case 7: line = #"{"op":"update","key":"k\#(id % 50)","model":{"e":{"id":"E:\#(id)"},"v":\#(v)}}"#
+            case 8: line = #"{"op":"collection_insert","collection":"L\#(id % 5)","index":0,"items":[{"id":"E:\#(id)"}]}"#
+            default: line = #"{"op":"batch","ops":[{"op":"update","model":{"id":"E:\#(id)","w":\#(v)}},{"op":"collection_remove","collection":"L\#(id % 5)","index":0,"count":1}]}"#
+            }
+            engines[h].handleLine(Array(line.utf8), from: 1 + next() % 2)
+            sent += 1
+        }
+        pump()
+        if !joined && sent >= n / 2 {
+            joined = true
+            // A fourth host starts from host 0's snapshot (encoded and decoded) and follows the log from there.
+            let snap = try! ClusterSnapshot.decode(engines[0].clusterSnapshot().encode(), maxDepth: 128)
+            let e = host(3)
+            try! e.loadClusterSnapshot(snap)
+            engines.append(e)
+            read.append(snap.offset)
+        }
+    }
+    pump()
+    let digests = Set(engines.map { $0.stateDigest() })
+    let outcomes = Set(engines.prefix(3).map { $0.clusterOutcomeDigest })
+    let seqs = Set(engines.map { $0.seq })
+    return "mutations \(n) entries \(entries.count) seq \(seqs.sorted()) digest \(digests.map { String($0, radix: 16) }.sorted()) outcomes \(outcomes.map { String($0, radix: 16) }.sorted())"
+}
+
 // MARK: Commands
 
 switch command {
+case "cluster-replay":
+    print(clusterReplay(mutations: options.count ?? 100_000))
+
 case "codec":
     // A ~1 KB nested document, as in PLATFORM-NOTES.
     var items: [String] = []
