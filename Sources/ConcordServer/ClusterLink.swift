@@ -130,6 +130,7 @@ final class ClusterLink {
     private(set) var snapshotsWritten = 0
     /// The highest offset read, and its value when the heartbeat in flight was sent.
     private var readOffset = 0
+    var readOffsetForLogs: Int { readOffset }
     private var readOffsetAtBeat = 0
     private var readSentAt: Double?
     private var queue: [Append] = []

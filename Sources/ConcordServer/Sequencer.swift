@@ -59,6 +59,8 @@ final class Sequencer: @unchecked Sendable {
         /// Cluster mode: mutations to append to the log (this turn's window), and whether a `sync` wants the log's head.
         var clusterAppends: [(ref: Int, line: [UInt8])] = []
         var clusterHeadWanted = false
+        /// Cluster mode: the host caught up with the log (or stopped following it) for the first time: listen now.
+        var clusterReady = false
         /// A snapshot encoded for the link to upload.
         var clusterSnapshot: (offset: Int, streamID: String, bytes: [UInt8], sum: String)?
     }
@@ -71,6 +73,7 @@ final class Sequencer: @unchecked Sendable {
     private var logQueue: [ClusterEntry] = []
     private var logHead = 0
     private var loggedBroken = false
+    private var readySent = false
     /// Cluster mode: entries between snapshots (and state digests); 0: none.
     private let snapshotEvery: Int
     /// A snapshot is being encoded (one at a time).
@@ -250,11 +253,17 @@ final class Sequencer: @unchecked Sendable {
             let outputs = engine.takeOutput()
             let appends = engine.takeClusterAppends()
             let headWanted = engine.takeClusterHeadWanted()
-            if !outputs.isEmpty || drained || taken || !appends.isEmpty || headWanted {
+            var ready = false
+            if !readySent, let link = engine.clusterLink, link == .attached || link == .resyncing {
+                readySent = true
+                ready = true
+            }
+            if !outputs.isEmpty || drained || taken || !appends.isEmpty || headWanted || ready {
                 var d = Delivery(outputs: outputs, drained: drained, inputTaken: taken)
                 swap(&d.mutationsReadAt, &mutationsReadAt)
                 d.clusterAppends = appends
                 d.clusterHeadWanted = headWanted
+                d.clusterReady = ready
                 send(d)
             } else {
                 releaseHeld()

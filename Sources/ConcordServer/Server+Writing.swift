@@ -33,6 +33,7 @@ extension Server {
                 for t in d.mutationsReadAt { metrics.latency.recordNanoseconds(Int64(max(0, now - t) * 1e9)) }
             }
             for (token, text) in d.metrics { metricsEndpoint?.respond(token: token, text: text) }
+            if d.clusterReady { clusterReady() }
             if !d.clusterAppends.isEmpty { clusterLink?.append(d.clusterAppends) }
             if d.clusterHeadWanted { clusterLink?.fetchHead() }
             if let snap = d.clusterSnapshot { clusterLink?.snapshotTaken(snap.bytes, offset: snap.offset, streamID: snap.streamID, sum: snap.sum) }

@@ -46,6 +46,25 @@ public final class Server {
     var metricsEndpoint: MetricsEndpoint?
     /// Cluster mode: the link to the shared log (on this loop).
     var clusterLink: ClusterLink?
+    /// Cluster mode: listening began late (after catching up) and failed.
+    var lateStartupFailure: StartupError?
+
+    /// Cluster mode: the core caught up with the log (or stopped following
+    /// it, so that operators can see why): now the socket is served.
+    func clusterReady() {
+        guard listener == nil, !shuttingDown else { return }
+        do {
+            try listen()
+            logger.info("concord-server listening", metadata: [
+                "concord.socket": "\(configuration.socketPath)", "concord.cluster": "\(configuration.cluster?.settings.name ?? "")",
+                "concord.applied_offset": "\(clusterLink?.readOffsetForLogs ?? 0)",
+            ])
+        } catch {
+            logger.critical("cannot start: \(error.description)")
+            lateStartupFailure = error
+            beginShutdown(signal: 0)
+        }
+    }
     var metrics: ServerMetrics { sequencer.metrics }
     var connections: [ConnectionID: Connection] = [:]
     var nextID = 1
@@ -96,12 +115,16 @@ public final class Server {
                 throw StartupError(description: error.description)
             }
         }
-        do {
-            try listen()
-        } catch {
-            // The backend is open and its thread runs: stop it (nothing was written).
-            sequencer.abandonStorage()
-            throw error
+        // Cluster mode listens once the host has caught up with the log
+        // (``clusterReady()``): a client never sees a host that is far behind.
+        if configuration.cluster == nil {
+            do {
+                try listen()
+            } catch {
+                // The backend is open and its thread runs: stop it (nothing was written).
+                sequencer.abandonStorage()
+                throw error
+            }
         }
         if let address = configuration.metricsAddress {
             let sequencer = self.sequencer!
@@ -110,7 +133,7 @@ public final class Server {
                 try m.listen(address)
             } catch {
                 m.close()
-                uv_close(asHandle(listener!)) { h in h?.deallocate() }
+                if let l = listener { uv_close(asHandle(l)) { h in h?.deallocate() } }
                 listener = nil
                 uv_run(loop, UV_RUN_NOWAIT)  // runs the close callbacks; returns a count, not an error
                 unlink(configuration.socketPath)
@@ -154,7 +177,10 @@ public final class Server {
         if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &rl) == 0 && rl.rlim_cur < UInt64(Int32.max) { fdLimit = Int(rl.rlim_cur) }
         fdBaseline = (try? FileManagerLite.countEntries("/proc/self/fd")) ?? 16
 
-        logger.info("concord-server listening", metadata: [
+        if configuration.cluster != nil {
+            logger.info("waiting to catch up with the cluster log before listening", metadata: ["concord.socket": "\(configuration.socketPath)"])
+        }
+        logger.info(configuration.cluster == nil ? "concord-server listening" : "concord-server started", metadata: [
             "concord.socket": "\(configuration.socketPath)",
             "concord.threads": "\(configuration.threads)",
             "concord.id_key": "\(configuration.engine.idKey)",
@@ -169,6 +195,10 @@ public final class Server {
             "concord.metrics": "\(configuration.metricsAddress ?? "off")",
         ])
         uv_run(loop, UV_RUN_DEFAULT)  // returns when every handle is closed (Server+Shutdown)
+        if let failure = lateStartupFailure {
+            _ = sequencer.stopStorage()
+            throw failure
+        }
         // A second signal must not cut the final store short (SIGKILL still does).
         signal(SIGTERM, SIG_IGN)
         signal(SIGINT, SIG_IGN)

@@ -312,6 +312,42 @@ struct ClusterTests {
         #expect(a.stderr.contains("cluster state digests differ"))
     }
 
+    @Test func aWipedLogIsDetectedAndNeverAppliedOverTheOldState() throws {
+        let redis = try RedisProcess()
+        let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
+        try Self.waitAttached(hosts)
+        let a = try hosts[0].connect(), b = try hosts[1].connect()
+        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
+        #expect(try b.request(#"{"op":"update","model":{"id":"B","v":1}}"#)["seq"] == 2)
+        // The log is wiped (FLUSHALL: a new Redis, a lost volume): its head goes back to nothing.
+        _ = try redis.cli(["FLUSHALL"])
+        for c in [a, b] {
+            try waitUntil("host stops following the log") { try Self.state(c) == "resyncing" }
+            let ping = try c.request(#"{"op":"ping"}"#)
+            #expect(ping["cluster"]?["problem"]?.stringValue?.contains("lost entries") == true, "\(ping.compactString)")
+            #expect(ping["seq"] == 2)  // seq never goes backwards
+            #expect(try c.request(#"{"op":"update","model":{"id":"C"}}"#)["error"]?["code"] == "unavailable")
+            #expect(try c.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)  // reads from the state it had
+        }
+    }
+
+    @Test func aHostListensOnlyOnceItHasCaughtUpWithTheLog() throws {
+        let redis = try RedisProcess()
+        redis.kill9()
+        let started = Date()
+        let redisStarted = Mutex<Date?>(nil)
+        DispatchQueue.global().asyncAfter(deadline: .now() + 1.0) {
+            try? redis.start()
+            redisStarted.withLock { $0 = Date() }
+        }
+        // Blocks until the socket answers: only after the log was reached.
+        let host = try Self.host(redis, "late")
+        let up = try #require(redisStarted.withLock { $0 })
+        #expect(up.timeIntervalSince(started) >= 0.9)
+        #expect(host.stderr.contains("waiting to catch up with the cluster log before listening"))
+        #expect(try Self.state(host.connect()) == "attached")
+    }
+
     @Test func aHostWithOtherOutcomeChangingOptionsIsRefusedByTheLog() throws {
         let redis = try RedisProcess()
         let a = try Self.host(redis, "h0")
