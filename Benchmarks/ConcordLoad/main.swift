@@ -223,8 +223,8 @@ func clusterReplay(mutations n: Int) -> String {
             case 5: line = #"{"op":"update","model":{"id":"E:\#(id)","v":0},"if_unchanged_since":\#(max(0, engines[h].seq - v % 5))}"#
             case 6: line = #"{"op":"update","model":{"id":"T:\#(v)","n":\#(id)},"token":"t\#(id % 300)"}"#
             case 7: line = #"{"op":"update","key":"k\#(id % 50)","model":{"e":{"id":"E:\#(id)"},"v":\#(v)}}"#
-            case 8: line = #"{"op":"collection_insert","collection":"L\#(id % 5)","index":0,"items":[{"id":"E:\#(id)"}]}"#
-            default: line = #"{"op":"batch","ops":[{"op":"update","model":{"id":"E:\#(id)","w":\#(v)}},{"op":"collection_remove","collection":"L\#(id % 5)","index":0,"count":1}]}"#
+            case 8: line = #"{"op":"collection.insert","collection":"L\#(id % 5)","index":0,"items":[{"id":"E:\#(id)"}]}"#
+            default: line = #"{"op":"batch","ops":[{"op":"update","model":{"id":"E:\#(id)","w":\#(v)}},{"op":"collection.remove","collection":"L\#(id % 5)","index":0,"count":1}]}"#
             }
             engines[h].handleLine(Array(line.utf8), from: 1 + next() % 2)
             sent += 1

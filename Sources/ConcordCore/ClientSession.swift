@@ -1,4 +1,5 @@
 import ConcordJSON
+import ConcordProtocol
 
 /// One client session as the core sees it.
 final class ClientSession {
@@ -38,14 +39,25 @@ final class ClientSession {
     /// A request with `min_seq` past the applied seq: until when it waits, and its rid.
     var waitingSeq: (minSeq: Int, deadline: Double, rid: JSON)?
 
-    /// Cluster mode: the reference of this connection's mutation in the log, until it is applied.
-    var waitingLog: Int?
+    /// Cluster mode: this connection's mutations in the log, oldest first
+    /// (answered in this order), and failures that arrived for one behind
+    /// an older one still in the log (answered when it is their turn).
+    var logPending: [Int] = []
+    var logFailures: [Int: (rid: JSON, error: ProtocolError)] = [:]
     /// Cluster mode: a `sync` (or a `since` past the applied seq) waiting for the log's head.
     var waitingSync: SyncWait?
     /// The head request is run again after its sync wait (it must not wait again).
     var rerunAfterSync = false
 
-    var isWaiting: Bool { waitingTicket != nil || waitingDurable != nil || waitingSeq != nil || waitingLog != nil || waitingSync != nil }
+    var isWaiting: Bool { waitingTicket != nil || waitingDurable != nil || waitingSeq != nil || !logPending.isEmpty || waitingSync != nil }
+
+    /// Waits only for its own mutations in the log, with nothing queued
+    /// behind them: a further mutation may go to the log at once (it will be
+    /// applied, and answered, after them).
+    var onlyLogPending: Bool {
+        !logPending.isEmpty && waitingTicket == nil && waitingDurable == nil && waitingSeq == nil && waitingSync == nil
+            && backlogHead == backlog.count
+    }
 
     func popBacklog() -> Engine.ParsedLine? {
         guard backlogHead < backlog.count else { return nil }

@@ -229,7 +229,36 @@ extension Engine {
         w.value(value)
         cl.appends.append((ref, w.bytes))
         cl.pending[ref] = (c, r.rid, clock() + cl.settings.timeout)
-        c.waitingLog = ref
+        c.logPending.append(ref)
+    }
+
+    /// A line for a connection whose own mutations are in the log: appended
+    /// too when it is a mutation that goes there as it stands; anything else
+    /// (a read, a line that does not decode, a refusal) waits its turn, so
+    /// that its answer follows theirs. Returns whether it was appended.
+    func appendBehindPending(_ parsed: ParsedLine, _ c: ClientSession, _ cl: ClusterState) -> Bool {
+        guard case .value(let value) = parsed, case .object(let o) = value, let op = o["op"]?.stringValue,
+              ["update", "delete", "batch", "clear", "collection.set", "collection.insert", "collection.remove", "collection.delete"].contains(op),
+              !isShuttingDown, cl.link == .attached || cl.link == .catchingUp, cl.broken == nil,
+              let request = try? Request.decode(value, idKey: configuration.idKey), goesThroughLog(request) else { return false }
+        c.requests += 1
+        do {
+            try appendToLog(request, value, c, cl)
+            return true
+        } catch {
+            c.requests -= 1
+            return false
+        }
+    }
+
+    /// The oldest of the connection's mutations in the log is resolved (answered
+    /// by the caller when `answered`); failures that waited behind it follow.
+    private func popLogPending(_ c: ClientSession, _ ref: Int) {
+        if let i = c.logPending.firstIndex(of: ref) { c.logPending.remove(at: i) }
+        while let next = c.logPending.first, let f = c.logFailures.removeValue(forKey: next) {
+            c.logPending.removeFirst()
+            respondError(c, rid: f.rid, f.error)
+        }
     }
 
     /// `sync` in cluster mode: waits for the log's head, then for this host to apply it.
@@ -273,17 +302,24 @@ extension Engine {
             }
             serviceSyncWaiters(now: nil)
         case .appendFailed(let refs, let indeterminate, let reason):
-            for ref in refs {
+            var touched: [ClientSession] = []
+            for ref in refs.sorted() {
                 guard let p = cl.pending.removeValue(forKey: ref) else { continue }
                 guard clients[p.client.id] === p.client else { continue }
-                p.client.waitingLog = nil
                 let e = indeterminate
                     ? ProtocolError(.unavailable, "the cluster log did not confirm the mutation (\(reason)); it may still be applied, once — retry with the same token to learn its outcome",
                                     details: [("indeterminate", .bool(true))])
                     : ProtocolError(.unavailable, "the cluster log refused or could not take the mutation (\(reason)); nothing was applied")
-                respondError(p.client, rid: p.rid, e)
-                drain(p.client)
+                if p.client.logPending.first == ref {
+                    respondError(p.client, rid: p.rid, e)
+                    popLogPending(p.client, ref)
+                } else {
+                    // An older mutation of this connection is still in the log: this answer comes after its.
+                    p.client.logFailures[ref] = (p.rid, e)
+                }
+                if !touched.contains(where: { $0 === p.client }) { touched.append(p.client) }
             }
+            for c in touched { drain(c) }
         }
     }
 
@@ -318,13 +354,15 @@ extension Engine {
             var session = cl.sink
             if mine, let p = cl.pending.removeValue(forKey: ref), clients[p.client.id] === p.client {
                 session = p.client
-                session.waitingLog = nil
             }
             let outcome = applyLogged(Self.parse(line, parser: parser), session)
             cl.outcomes = ClusterState.fold(cl.outcomes, "\(entry.offset) \(ref) \(outcome)")
             if session === cl.sink {
                 cl.sink.output = OutputQueue()
             } else {
+                // One host's appends are applied in the order they were made, so
+                // this is the connection's oldest in the log.
+                popLogPending(session, ref)
                 drain(session)
             }
         }

@@ -550,7 +550,12 @@ extension Engine {
 
     /// True while the connection's next request waits (a read-through load, a
     /// sync acknowledgement): its later lines must not be handed in yet.
-    public func isWaiting(_ id: ConnectionID) -> Bool { clients[id]?.isWaiting ?? false }
+    /// (A connection waiting only for its own mutations in the cluster log
+    /// still takes lines: further mutations go to the log behind them.)
+    public func isWaiting(_ id: ConnectionID) -> Bool {
+        guard let c = clients[id] else { return false }
+        return c.isWaiting && !c.onlyLogPending
+    }
 
     public var waitingClientCount: Int { persistence == nil ? 0 : clients.values.reduce(0) { $0 + ($1.waitingTicket != nil || $1.waitingDurable != nil ? 1 : 0) } }
     public var hasWaitingClients: Bool { waitingClientCount > 0 }

@@ -306,6 +306,10 @@ public final class Engine {
     public func handle(_ parsed: ParsedLine, from id: ConnectionID) {
         guard let c = clients[id] else { return }
         if c.isWaiting {
+            // Cluster mode: a mutation behind the connection's own mutations
+            // in the log goes to the log too (answers stay in order: the log
+            // applies one host's appends in order).
+            if c.onlyLogPending, let cl = cluster, appendBehindPending(parsed, c, cl) { return }
             c.backlog.append(parsed)
             return
         }

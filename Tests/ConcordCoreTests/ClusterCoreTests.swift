@@ -109,6 +109,57 @@ final class FakeCluster {
         #expect(r[1]["model"]?["v"] == 1)
     }
 
+    @Test func pipelinedMutationsShareTheLogAndAnswersStayInOrder() {
+        let cl = FakeCluster(hosts: 1)
+        let engine = cl.hosts[0].engine
+        let c = cl.hosts[0].connect()
+        c.post(#"{"rid":1,"op":"update","model":{"id":"A","v":1}}"#)
+        c.post(#"{"rid":2,"op":"update","model":{"id":"A","v":2}}"#)
+        c.post(#"{"rid":3,"op":"get","id":"A"}"#)
+        c.post(#"{"rid":4,"op":"update","model":{"id":"A","v":4}}"#)
+        // The first two are in the log together; the read and what follows it wait.
+        #expect(engine.takeClusterAppends().map(\.ref) == [1, 2])
+        #expect(c.takeResponses().isEmpty)
+        cl.log.append(origin: "h0#run", [(1, Array(#"{"rid":1,"op":"update","model":{"id":"A","v":1}}"#.utf8)),
+                                         (2, Array(#"{"rid":2,"op":"update","model":{"id":"A","v":2}}"#.utf8))])
+        cl.deliver(0)
+        cl.pump()
+        let r = c.takeResponses()
+        #expect(r.map { $0["rid"] } == [1, 2, 3, 4])
+        #expect(r[2]["model"]?["v"] == 2)
+        #expect(r[3]["seq"] == 3)
+    }
+
+    @Test func aFailureBehindAMutationStillInTheLogIsAnsweredAfterIt() {
+        let cl = FakeCluster(hosts: 1)
+        let engine = cl.hosts[0].engine
+        let c = cl.hosts[0].connect()
+        c.post(#"{"rid":1,"op":"update","model":{"id":"A","v":1}}"#)
+        let first = engine.takeClusterAppends()
+        c.post(#"{"rid":2,"op":"update","model":{"id":"A","v":2}}"#)
+        _ = engine.takeClusterAppends()
+        // The second one's append fails first (another entry, refused); the first is still in the log.
+        engine.clusterEvent(.appendFailed(refs: [2], indeterminate: false, reason: "test"))
+        cl.hosts[0].pumpPublic()
+        #expect(c.takeResponses().isEmpty)
+        cl.log.append(origin: "h0#run", first)
+        cl.deliver(0)
+        let r = c.takeResponses()
+        #expect(r.map { $0["rid"] } == [1, 2])
+        #expect(r[0]["seq"] == 1 && r[1]["error"]?["code"] == "unavailable")
+        // Detached: a mutation behind one in the log waits, then is refused in its turn.
+        c.post(#"{"rid":3,"op":"update","model":{"id":"A","v":3}}"#)
+        let third = engine.takeClusterAppends()
+        engine.clusterEvent(.detached(reason: "test"))
+        c.post(#"{"rid":4,"op":"update","model":{"id":"A","v":4}}"#)
+        #expect(engine.takeClusterAppends().isEmpty)
+        cl.log.append(origin: "h0#run", third)
+        cl.deliver(0)
+        let late = c.takeResponses()
+        #expect(late.map { $0["rid"] } == [3, 4])
+        #expect(late[1]["error"]?["code"] == "unavailable")
+    }
+
     @Test func randomOperationsOnThreeHostsLeaveEqualStates() {
         var rng = SplitMix(seed: 0xC0FFEE)
         let cl = FakeCluster(hosts: 3)
@@ -130,8 +181,8 @@ final class FakeCluster {
                 case 4: line = #"{"rid":\#(round),"op":"delete","id":"E\#(id)"}"#
                 case 5: line = #"{"rid":\#(round),"op":"update","model":{"id":"E\#(id)","v":\#(v)},"if_unchanged_since":\#(max(0, cl.hosts[h].engine.seq - Int(v % 3)))}"#
                 case 6: line = #"{"rid":\#(round),"op":"update","model":{"id":"T\#(v % 5)"},"token":"tok\#(v % 7)"}"#
-                case 7: line = #"{"rid":\#(round),"op":"batch","ops":[{"op":"update","model":{"id":"E\#(id)","v":1}},{"op":"collection_insert","collection":"L","index":\#(v % 3),"items":[{"id":"E\#(v % 12)"}]}]}"#
-                default: line = #"{"rid":\#(round),"op":"collection_set","collection":"L","items":[{"id":"E\#(id)"}]}"#
+                case 7: line = #"{"rid":\#(round),"op":"batch","ops":[{"op":"update","model":{"id":"E\#(id)","v":1}},{"op":"collection.insert","collection":"L","index":\#(v % 3),"items":[{"id":"E\#(v % 12)"}]}]}"#
+                default: line = #"{"rid":\#(round),"op":"collection.set","collection":"L","items":[{"id":"E\#(id)"}]}"#
                 }
                 conns[h][c].post(line)
             }
@@ -168,7 +219,7 @@ final class FakeCluster {
                 // Tokens, retried: answered as duplicates from the remembered table.
                 case 4: line = #"{"op":"update","model":{"id":"T\#(v)","r":\#(round)},"token":"k\#(v)"}"#
                 case 5: line = #"{"op":"update","key":"doc\#(id % 3)","model":{"x":{"id":"E\#(id)"}},"if_unchanged_since":\#(max(0, cl.hosts[0].engine.seq - 2))}"#
-                default: line = #"{"op":"collection_insert","collection":"L\#(id % 2)","index":0,"items":[{"id":"E\#(id)"}]}"#
+                default: line = #"{"op":"collection.insert","collection":"L\#(id % 2)","index":0,"items":[{"id":"E\#(id)"}]}"#
                 }
                 conns[k % 2].post(line)
             }
