@@ -1,4 +1,4 @@
-public import ConcordJSON
+import ConcordJSON
 import ConcordProtocol
 
 /// Where a host stands with the cluster log (PROTOCOL.md §8.7).

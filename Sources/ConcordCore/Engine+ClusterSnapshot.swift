@@ -1,4 +1,4 @@
-public import ConcordJSON
+import ConcordJSON
 public import ConcordProtocol
 
 /// A copy of everything that decides a mutation's outcome, at one log

@@ -138,6 +138,37 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     let peers = (1...4).map { Peer(id: $0) }
     for p in peers { engine.open(p.id, flow: p.flow) }
     var cur = Cursor(bytes: UnsafeBufferPointer(start: data, count: size))
+    // Cluster mode (PROTOCOL §8) when the first byte is odd: mutations go to
+    // an in-process log, applied when the program says; appends may fail,
+    // as indeterminate (applied later all the same) or not (dropped); the
+    // link may detach. Every ordering check below holds all the same.
+    let clustered = size > 0 && data[0] & 1 == 1
+    var log: [ClusterEntry] = []
+    var applied = 0
+    var hash = ""
+    if clustered {
+        engine.enableCluster(ClusterSettings(name: "f", host: "f", origin: "f", timeout: 5))
+        engine.clusterEvent(.attached(epoch: "", head: 0))
+    }
+    func appendTaken(_ m: [(ref: Int, line: [UInt8])]) {
+        guard !m.isEmpty else { return }
+        let prev = hash
+        hash = "h\(log.count + 1)"
+        log.append(ClusterEntry(offset: log.count + 1, previousHash: prev, hash: hash, epoch: "e", time: Double(log.count),
+                                origin: "f", mutations: m, streamID: "\(log.count + 1)-0"))
+    }
+    func pumpLog(apply: Bool = true) {
+        guard clustered else { return }
+        appendTaken(engine.takeClusterAppends())
+        if engine.takeClusterHeadWanted() { engine.clusterEvent(.head(log.count)) }
+        while apply && applied < log.count {
+            engine.applyClusterEntry(log[applied])
+            applied += 1
+            if engine.takeClusterHeadWanted() { engine.clusterEvent(.head(log.count)) }
+            appendTaken(engine.takeClusterAppends())
+        }
+        deliver(engine, peers)
+    }
     var rid = 0
     func send(_ p: Peer, _ body: String) {
         rid += 1
@@ -181,18 +212,41 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         case 8: send(p, #"{"op":"collection.remove","collection":"c0","index":\#(a % 3),"count":1}"#)
         case 9: send(p, #"{"op":"batch","if_unchanged_since":\#(max(0, engine.seq - b)),"ops":[{"op":"update","model":{"id":"Q:\#(a % 3)","m":\#(b)}},{"op":"collection.remove","collection":"c0","ids":["P:\#(b % 4)"]}]}"#)
         case 10: send(p, b % 3 == 0 ? #"{"op":"sync"}"# : (b % 3 == 1 ? #"{"op":"ping","min_seq":\#(engine.seq)}"# : #"{"op":"ping"}"#))
-        case 11: if b == 0 { send(p, #"{"op":"clear"}"#) }
+        case 11:
+            if b == 0 { send(p, #"{"op":"clear"}"#) }
+            if clustered {
+                let taken = engine.takeClusterAppends()
+                switch b {
+                case 1, 2:
+                    // Lost answers: indeterminate — and in the log all the same.
+                    engine.clusterEvent(.appendFailed(refs: taken.map(\.ref), indeterminate: true, reason: "fuzz"))
+                    appendTaken(taken)
+                case 3:
+                    engine.clusterEvent(.appendFailed(refs: taken.map(\.ref), indeterminate: false, reason: "fuzz"))
+                case 4:
+                    appendTaken(taken)
+                    engine.clusterEvent(.detached(reason: "fuzz"))
+                default:
+                    appendTaken(taken)
+                    engine.clusterEvent(.attached(epoch: "e", head: log.count))
+                }
+                deliver(engine, peers)
+            }
         case 12: send(p, #"{"op":"update","model":{"id":"P:\#(a)","n":\#(b)},"force":true,"context":\#(b)}"#)
         case 13: send(p, #"{"op":"update","mode":"merge","model":{"id":"P:\#(a)","x":\#(b)}}"#)
-        case 14, 15: read(engine, peers, p)
+        case 14: read(engine, peers, p); pumpLog(apply: b % 2 == 0)
+        case 15: read(engine, peers, p)
         default: break
         }
     }
-    // Everyone reads; every subscription is resumed; a barrier.
+    // The log is reachable again and applied; everyone reads; every subscription is resumed; a barrier.
+    if clustered { engine.clusterEvent(.attached(epoch: "e", head: log.count)) }
+    pumpLog()
     for p in peers { read(engine, peers, p) }
     for p in peers {
         for name in p.kinds.keys.sorted() { send(p, #"{"op":"resume","sub":"\#(name)"}"#) }
         send(p, #"{"op":"ping"}"#)
+        pumpLog()
         read(engine, peers, p)
     }
     for p in peers where p.gotRids != p.sentRids {
