@@ -131,9 +131,23 @@ final class ClusterState {
     let sink: ClientSession
     /// Why the log cannot be followed any more (a gap, a rollback, a new epoch).
     var broken: String?
+    /// Rebuilding after the log lost entries (Engine+ClusterResync.swift): the
+    /// engine that follows the log's truth, this host's rebase entry, and
+    /// whether the driver was asked for the truth.
+    var shadow: Engine?
+    var rebaseRef: Int?
+    var resyncRequested = false
+    /// In a shadow: the answers to mutations of this origin (the host being
+    /// rebuilt), by reference, for the host to write to their connections.
+    var captureOrigin: String?
+    var captured: [(ref: Int, bytes: [UInt8])] = []
     /// State digests that differed from another host's, and the last one.
     var digestMismatches = 0
     var lastMismatch: String?
+    /// The hashes of the last entries applied, by offset: an entry read
+    /// again must be the same one (else the log was rolled back).
+    var recentHashes: [Int: String] = [:]
+    static let recentHashCount = 1024
     /// Entries behind the log's head past which a host says `catching_up` (it serves meanwhile).
     static let catchUpLag = 256
     /// See ``Engine/clusterOutcomeDigest``.
@@ -253,7 +267,7 @@ extension Engine {
 
     /// The oldest of the connection's mutations in the log is resolved (answered
     /// by the caller when `answered`); failures that waited behind it follow.
-    private func popLogPending(_ c: ClientSession, _ ref: Int) {
+    func popLogPending(_ c: ClientSession, _ ref: Int) {
         if let i = c.logPending.firstIndex(of: ref) { c.logPending.remove(at: i) }
         while let next = c.logPending.first, let f = c.logFailures.removeValue(forKey: next) {
             c.logPending.removeFirst()
@@ -302,6 +316,12 @@ extension Engine {
             }
             serviceSyncWaiters(now: nil)
         case .appendFailed(let refs, let indeterminate, let reason):
+            if let r = cl.rebaseRef, refs.contains(r) {
+                // The rebuild's rebase did not go in: start the rebuild over.
+                cl.shadow = nil
+                cl.rebaseRef = nil
+                cl.resyncRequested = false
+            }
             var touched: [ClientSession] = []
             for ref in refs.sorted() {
                 guard let p = cl.pending.removeValue(forKey: ref) else { continue }
@@ -328,9 +348,18 @@ extension Engine {
     /// entries or was replaced — the host stops following it (`resyncing`).
     @discardableResult
     public func applyClusterEntry(_ entry: ClusterEntry) -> Bool {
-        guard let cl = cluster, cl.broken == nil else { return false }
-        // Read again (a reader that reconnected from an older position): applied already.
-        if entry.epoch == cl.epoch, entry.offset <= cl.appliedOffset { return true }
+        guard let cl = cluster else { return false }
+        if let shadow = cl.shadow { return applyToShadow(entry, cl, shadow) }
+        guard cl.broken == nil else { return false }
+        // Read again (a reader that reconnected from an older position):
+        // applied already — unless it is not the entry this host applied
+        // there (the log was rolled back and grew again).
+        if entry.epoch == cl.epoch, entry.offset <= cl.appliedOffset {
+            guard let known = cl.recentHashes[entry.offset], known != entry.hash else { return true }
+            cl.broken = "the log's entry at offset \(entry.offset) is not the one this host applied there (the log lost entries and grew again)"
+            cl.link = .resyncing
+            return false
+        }
         if !cl.epoch.isEmpty, entry.epoch != cl.epoch {
             cl.broken = "the log was recreated (epoch \(entry.epoch) after \(cl.epoch)); rebuilding from a snapshot is not built yet"
         } else if entry.offset != cl.appliedOffset + 1 {
@@ -346,11 +375,19 @@ extension Engine {
         cl.appliedOffset = entry.offset
         cl.lastHash = entry.hash
         cl.lastStreamID = entry.streamID
+        cl.recentHashes[entry.offset] = entry.hash
+        cl.recentHashes[entry.offset - ClusterState.recentHashCount] = nil
         cl.entryTime = entry.time
         defer { cl.entryTime = nil }
         let mine = entry.origin == cl.settings.origin
         let before = seq
         for (ref, line) in entry.mutations {
+            // A host's rebase after a rebuild: numbers never go backwards anywhere.
+            if let n = Self.rebaseSeq(line) {
+                seq = max(seq, n)
+                cl.outcomes = ClusterState.fold(cl.outcomes, "\(entry.offset) \(ref) rebase \(seq)")
+                continue
+            }
             var session = cl.sink
             if mine, let p = cl.pending.removeValue(forKey: ref), clients[p.client.id] === p.client {
                 session = p.client
@@ -358,6 +395,11 @@ extension Engine {
             let outcome = applyLogged(Self.parse(line, parser: parser), session)
             cl.outcomes = ClusterState.fold(cl.outcomes, "\(entry.offset) \(ref) \(outcome)")
             if session === cl.sink {
+                if let o = cl.captureOrigin, o == entry.origin {
+                    var bytes: [UInt8] = []
+                    for chunk in cl.sink.output.take() { bytes.append(contentsOf: UnsafeRawBufferPointer(start: chunk.base, count: chunk.count)) }
+                    cl.captured.append((ref, bytes))
+                }
                 cl.sink.output = OutputQueue()
             } else {
                 // One host's appends are applied in the order they were made, so

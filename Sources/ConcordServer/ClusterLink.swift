@@ -125,6 +125,11 @@ final class ClusterLink {
     /// The log's start was looked at (snapshot loaded if the log is trimmed); the reader waits for it.
     private var bootstrapped = false
     private var bootstrapping = false
+    /// Rebuilding: the log's truth is being fetched (no reads meanwhile);
+    /// reads of an older generation are dropped; a rebuild to retry once connected.
+    private var resyncing = false
+    private var readGeneration = 0
+    private var resyncAgain = false
     /// The newest snapshot's offset (from the heartbeat).
     private var snapshotOffset = 0
     private(set) var snapshotsWritten = 0
@@ -301,6 +306,10 @@ final class ClusterLink {
         if reader == nil { reader = open("reader") }
         if writer?.connected == true, beatSentAt == nil { heartbeat() }
         if writer?.connected == true, !bootstrapped { bootstrap() }
+        if writer?.connected == true, resyncAgain {
+            resyncAgain = false
+            resync()
+        }
         if reader?.connected == true, readSentAt == nil { read() }
         expireAppends(now: now)
     }
@@ -352,10 +361,12 @@ final class ClusterLink {
     // MARK: Reading the log
 
     private func read() {
-        guard bootstrapped, let ac = reader?.ac, reader?.connected == true, readSentAt == nil, !closed else { return }
+        guard bootstrapped, !resyncing, let ac = reader?.ac, reader?.connected == true, readSentAt == nil, !closed else { return }
         guard sequencer.clusterQueued.load(ordering: .relaxed) < options.maxQueuedEntries else { return }  // the timer asks again
         readSentAt = monotonicSeconds()
+        let generation = readGeneration
         command(ac, ["XREAD", "COUNT", "256", "BLOCK", String(options.blockMs), "STREAMS", logKey, lastID]) { [self] reply in
+            guard generation == readGeneration else { return }  // sent before a rebuild moved the read position
             readSentAt = nil
             guard let reply else { return }  // disconnected: the timer reconnects
             if reply.pointee.type == REDIS_REPLY_ARRAY {
@@ -409,14 +420,78 @@ final class ClusterLink {
 
     // MARK: Snapshots: joining, writing, trimming
 
+    /// What the log holds now, to start or rebuild from.
+    enum Truth {
+        /// The log starts at offset 1: replay it from its start.
+        case fromStart
+        /// The newest intact snapshot, and where the log goes on after it.
+        case snapshot(bytes: [UInt8], streamID: String, offset: Int)
+        /// Trimmed, and no snapshot that checks out.
+        case unusable(String)
+    }
+
     /// Once per process, before the first read: a log that no longer starts
     /// at offset 1 was trimmed below a snapshot — load the newest snapshot and
     /// read on after it; otherwise replay the log from its start.
     private func bootstrap() {
-        guard let ac = writer?.ac, !bootstrapping, !bootstrapped else { return }
+        guard !bootstrapping, !bootstrapped else { return }
         bootstrapping = true
+        findTruth { [self] truth in
+            bootstrapping = false
+            guard let truth else { return }  // connection lost: the timer tries again
+            bootstrapped = true
+            switch truth {
+            case .fromStart: break
+            case .snapshot(let bytes, let id, let offset):
+                submit(.loadSnapshot(bytes))
+                lastID = id
+                readOffset = offset
+            case .unusable(let why):
+                submit(.cluster(.broken(reason: why)))
+                return
+            }
+            read()
+        }
+    }
+
+    /// The core stopped following the log (it lost entries): fetch what the
+    /// log holds now for the core to rebuild from, and read on from there.
+    /// Reads sent before are dropped (their generation is past).
+    func resync() {
+        guard !resyncing else { return }
+        resyncing = true
+        readGeneration += 1
+        readSentAt = nil
+        findTruth { [self] truth in
+            guard let truth else {
+                // Connection lost: try again once connected (the core asks only once).
+                resyncing = false
+                resyncAgain = true
+                return
+            }
+            resyncing = false
+            switch truth {
+            case .fromStart:
+                lastID = "0-0"
+                readOffset = 0
+                submit(.resyncSnapshot(nil))
+            case .snapshot(let bytes, let id, let offset):
+                lastID = id
+                readOffset = offset
+                submit(.resyncSnapshot(bytes))
+            case .unusable(let why):
+                submit(.cluster(.broken(reason: why)))
+                return
+            }
+            logger.warning("the cluster log lost entries: rebuilding this host from what it holds", metadata: ["concord.from_offset": "\(readOffset)"])
+            read()
+        }
+    }
+
+    private func findTruth(_ done: @escaping (Truth?) -> Void) {
+        guard let ac = writer?.ac, writer?.connected == true else { return done(nil) }
         command(ac, ["XRANGE", logKey, "-", "+", "COUNT", "1"]) { [self] reply in
-            guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY else { bootstrapping = false; return }
+            guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY else { return done(nil) }
             var firstOffset: Int?
             if reply.pointee.elements > 0 {
                 let fields = reply.pointee.element[0]!.pointee.element[1]!
@@ -426,41 +501,34 @@ final class ClusterLink {
                     k += 2
                 }
             }
-            guard let w = writer?.ac else { bootstrapping = false; return }
+            guard let w = writer?.ac else { return done(nil) }
             command(w, ["HMGET", metaKey, "offset", "snap1_offset", "snap1_id", "snap1_chunks", "snap1_len", "snap1_sum",
                         "snap2_offset", "snap2_id", "snap2_chunks", "snap2_len", "snap2_sum"]) { [self] meta in
-                guard let meta, meta.pointee.type == REDIS_REPLY_ARRAY, meta.pointee.elements == 11 else { bootstrapping = false; return }
+                guard let meta, meta.pointee.type == REDIS_REPLY_ARRAY, meta.pointee.elements == 11 else { return done(nil) }
                 let f = (0..<11).map { Self.text(meta.pointee.element[$0]!) }
                 let head = Int(f[0] ?? "0") ?? 0
                 let trimmed = firstOffset.map { $0 > 1 } ?? (head > 0)
-                guard trimmed else {
-                    bootstrapping = false
-                    bootstrapped = true
-                    read()
-                    return
-                }
+                guard trimmed else { return done(.fromStart) }
                 let candidates = [Array(f[1...5]), Array(f[6...10])].compactMap { m -> (offset: Int, id: String, chunks: Int, length: Int, sum: String)? in
                     guard let o = m[0].flatMap({ Int($0) }), let id = m[1], let c = m[2].flatMap({ Int($0) }),
                           let l = m[3].flatMap({ Int($0) }), let sum = m[4] else { return nil }
                     return (o, id, c, l, sum)
                 }
-                loadSnapshot(candidates[...])
+                fetchSnapshot(candidates[...], done)
             }
         }
     }
 
     /// Fetches the first candidate whose bytes check out; the next one when they do not.
-    private func loadSnapshot(_ candidates: ArraySlice<(offset: Int, id: String, chunks: Int, length: Int, sum: String)>) {
+    private func fetchSnapshot(_ candidates: ArraySlice<(offset: Int, id: String, chunks: Int, length: Int, sum: String)>,
+                               _ done: @escaping (Truth?) -> Void) {
         guard let c = candidates.first else {
-            bootstrapping = false
-            bootstrapped = true  // nothing to read on from: the core stops with the reason
-            submit(.cluster(.broken(reason: "the cluster log was trimmed and no usable snapshot is stored; this host cannot rebuild the state")))
-            return
+            return done(.unusable("the cluster log was trimmed and no usable snapshot is stored; this host cannot rebuild the state"))
         }
-        guard let ac = writer?.ac else { bootstrapping = false; return }
+        guard let ac = writer?.ac else { return done(nil) }
         let keys = (0..<c.chunks).map { "\(tokenPrefix.dropLast(4))snap:\(c.offset):\($0)" }
         command(ac, ["MGET"] + keys) { [self] reply in
-            guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY else { bootstrapping = false; return }
+            guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY else { return done(nil) }
             var bytes: [UInt8] = []
             bytes.reserveCapacity(c.length)
             for i in 0..<reply.pointee.elements {
@@ -468,15 +536,10 @@ final class ClusterLink {
             }
             guard bytes.count == c.length, Self.fnvHex(bytes) == c.sum else {
                 logger.error("a cluster snapshot is damaged; trying the older one", metadata: ["concord.offset": "\(c.offset)"])
-                loadSnapshot(candidates.dropFirst())
+                fetchSnapshot(candidates.dropFirst(), done)
                 return
             }
-            submit(.loadSnapshot(bytes))
-            lastID = c.id
-            readOffset = c.offset
-            bootstrapping = false
-            bootstrapped = true
-            read()
+            done(.snapshot(bytes: bytes, streamID: c.id, offset: c.offset))
         }
     }
 

@@ -40,6 +40,8 @@ final class Sequencer: @unchecked Sendable {
         case cluster(ClusterLogEvent)
         /// Cluster mode, start-up: the newest snapshot, to load before reading the log after it.
         case loadSnapshot([UInt8])
+        /// Cluster mode, after the log lost entries: its newest snapshot (nil: none) to rebuild from.
+        case resyncSnapshot([UInt8]?)
         case shutdown
     }
 
@@ -61,6 +63,8 @@ final class Sequencer: @unchecked Sendable {
         var clusterHeadWanted = false
         /// Cluster mode: the host caught up with the log (or stopped following it) for the first time: listen now.
         var clusterReady = false
+        /// Cluster mode: the host stopped following the log; the link fetches the log's truth to rebuild from.
+        var clusterResyncWanted = false
         /// A snapshot encoded for the link to upload.
         var clusterSnapshot: (offset: Int, streamID: String, bytes: [UInt8], sum: String)?
     }
@@ -258,12 +262,14 @@ final class Sequencer: @unchecked Sendable {
                 readySent = true
                 ready = true
             }
-            if !outputs.isEmpty || drained || taken || !appends.isEmpty || headWanted || ready {
+            let resync = engine.takeClusterResyncWanted()
+            if !outputs.isEmpty || drained || taken || !appends.isEmpty || headWanted || ready || resync {
                 var d = Delivery(outputs: outputs, drained: drained, inputTaken: taken)
                 swap(&d.mutationsReadAt, &mutationsReadAt)
                 d.clusterAppends = appends
                 d.clusterHeadWanted = headWanted
                 d.clusterReady = ready
+                d.clusterResyncWanted = resync
                 send(d)
             } else {
                 releaseHeld()
@@ -350,6 +356,21 @@ final class Sequencer: @unchecked Sendable {
             logQueue.append(contentsOf: entries)
         case .cluster(let event):
             engine.clusterEvent(event)
+        case .resyncSnapshot(let bytes):
+            // Entries read before the link went back to the log's truth are obsolete.
+            clusterQueued.subtract(logQueue.count - logHead, ordering: .relaxed)
+            logQueue.removeAll()
+            logHead = 0
+            loggedBroken = false
+            do {
+                let snap = try bytes.map { b throws(ClusterSnapshot.DecodeError) in try ClusterSnapshot.decode(b, maxDepth: engine.configuration.maxDepth) }
+                try engine.beginClusterResync(from: snap)
+                logger.warning("rebuilding from the cluster log", metadata: ["concord.snapshot_offset": "\(snap?.offset ?? 0)"])
+            } catch let e as ClusterSnapshot.DecodeError {
+                logger.critical("cannot rebuild from the cluster log: \(e.description)")
+            } catch {
+                logger.critical("cannot rebuild from the cluster log: \(error)")
+            }
         case .loadSnapshot(let bytes):
             do {
                 let snap = try ClusterSnapshot.decode(bytes, maxDepth: engine.configuration.maxDepth)

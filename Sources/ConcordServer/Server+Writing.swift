@@ -34,6 +34,7 @@ extension Server {
             }
             for (token, text) in d.metrics { metricsEndpoint?.respond(token: token, text: text) }
             if d.clusterReady { clusterReady() }
+            if d.clusterResyncWanted { clusterLink?.resync() }
             if !d.clusterAppends.isEmpty { clusterLink?.append(d.clusterAppends) }
             if d.clusterHeadWanted { clusterLink?.fetchHead() }
             if let snap = d.clusterSnapshot { clusterLink?.snapshotTaken(snap.bytes, offset: snap.offset, streamID: snap.streamID, sum: snap.sum) }

@@ -29,6 +29,8 @@ final class FakeCluster {
     let log = FakeLog()
     var hosts: [EngineHarness] = []
     var read: [Int] = []
+    /// A test that damages the log expects hosts to stop following it.
+    var expectBroken = false
 
     init(hosts n: Int) {
         for i in 0..<n {
@@ -66,9 +68,10 @@ final class FakeCluster {
     func deliver(_ i: Int) {
         let h = hosts[i]
         while read[i] < log.entries.count {
-            #expect(h.engine.applyClusterEntry(log.entries[read[i]]))
+            if !h.engine.applyClusterEntry(log.entries[read[i]]) { expectBroken = true }
             read[i] += 1
         }
+        #expect(expectBroken || h.engine.clusterBroken == nil)
         h.engine.clusterEvent(.head(log.entries.count))
         h.pumpPublic()
     }
@@ -241,6 +244,56 @@ final class FakeCluster {
         let c = cl.hosts[joined].connect()
         let r = c.send(#"{"op":"subscribe","sub":"f","feed":{},"since":1}"#)
         #expect(r["ok"] == true && r["truncated"] == true)
+    }
+
+    @Test func aHostRebuildsFromTheLogItHasAndNoSeqGoesBackwards() throws {
+        let cl = FakeCluster(hosts: 2)
+        let writer = cl.hosts[0].connect()
+        let watcher = cl.hosts[1].connect()
+        watcher.ok(#"{"op":"subscribe","sub":"a","ids":["A","B"]}"#)
+        watcher.ok(#"{"op":"subscribe","sub":"k","key":"doc"}"#)
+        for v in 1...10 {
+            writer.post(v % 3 == 0 ? #"{"op":"update","key":"doc","model":{"a":{"id":"A"},"v":\#(v)}}"# : #"{"op":"update","model":{"id":"A","v":\#(v)}}"#)
+            cl.pump()
+        }
+        _ = watcher.take()
+        #expect(cl.hosts.allSatisfy { $0.engine.seq == 10 })
+        // The log loses its last 5 entries (restored from an older copy), then another host appends to it.
+        cl.expectBroken = true
+        cl.log.entries.removeLast(5)
+        cl.log.hash = cl.log.entries.last!.hash
+        cl.log.append(origin: "other#run", [(1, Array(#"{"op":"update","model":{"id":"B","v":99}}"#.utf8))])
+        cl.read = [5, 5]
+        for i in 0..<2 { cl.deliver(i) }
+        #expect(cl.hosts.allSatisfy { $0.engine.clusterLink == .resyncing })
+        #expect(writer.send(#"{"op":"update","model":{"id":"A","v":0}}"#)["error"]?["code"] == "unavailable")
+        // The driver fetches what the log holds (it starts at offset 1: no snapshot) and reads it again.
+        for (i, h) in cl.hosts.enumerated() {
+            #expect(h.engine.takeClusterResyncWanted())
+            #expect(!h.engine.takeClusterResyncWanted())
+            try h.engine.beginClusterResync(from: nil)
+            cl.read[i] = 0
+        }
+        cl.pump()
+        cl.pump()
+        for h in cl.hosts {
+            #expect(h.engine.clusterLink == .attached)
+            #expect(h.engine.seq == 11)  // not 6: one past what clients saw before
+            #expect(h.engine.clusterBroken == nil)
+        }
+        #expect(cl.hosts[0].engine.stateDigest() == cl.hosts[1].engine.stateDigest())
+        // Each view got one coalesced event from what it was last sent to the log's state.
+        let events = watcher.take()
+        #expect(events.count == 3, "\(events.map(\.compactString))")
+        #expect(events.allSatisfy { $0["coalesced"] == true && $0["seq"] == 11 })
+        #expect(events.contains { $0["sub"] == "a" && $0["id"] == "B" && $0["model"]?["v"] == 99 })
+        #expect(watcher.send(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 5)
+        #expect(watcher.send(#"{"op":"ping"}"#)["cluster"]?["resyncs"] == 1)
+        // Writes go on, numbered alike everywhere after the highest seq any host had.
+        writer.post(#"{"op":"update","model":{"id":"A","v":11}}"#)
+        cl.pump()
+        #expect(writer.takeResponses().last?["seq"] == 12)
+        #expect(cl.hosts.allSatisfy { $0.engine.seq == 12 })
     }
 
     @Test func aGapARollbackAndANewEpochStopTheHostFollowing() {

@@ -312,23 +312,61 @@ struct ClusterTests {
         #expect(a.stderr.contains("cluster state digests differ"))
     }
 
-    @Test func aWipedLogIsDetectedAndNeverAppliedOverTheOldState() throws {
+    @Test func aWipedLogIsDetectedAndTheHostsRebuildFromWhatItHolds() throws {
         let redis = try RedisProcess()
         let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
         try Self.waitAttached(hosts)
         let a = try hosts[0].connect(), b = try hosts[1].connect()
+        #expect(try b.request(#"{"op":"subscribe","sub":"a","ids":["A"]}"#)["ok"] == true)
         #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
-        #expect(try b.request(#"{"op":"update","model":{"id":"B","v":1}}"#)["seq"] == 2)
-        // The log is wiped (FLUSHALL: a new Redis, a lost volume): its head goes back to nothing.
+        #expect(try a.request(#"{"op":"update","model":{"id":"B","v":1}}"#)["seq"] == 2)
+        try waitUntil("the first event") { _ = try b.request(#"{"op":"ping","min_seq":2}"#); return b.events.count == 1 }
+        _ = b.take()
+        // The log is wiped (FLUSHALL: a new Redis, a lost volume): it holds nothing any more.
         _ = try redis.cli(["FLUSHALL"])
         for c in [a, b] {
-            try waitUntil("host stops following the log") { try Self.state(c) == "resyncing" }
+            try waitUntil("host rebuilt") { try c.request(#"{"op":"ping"}"#)["cluster"]?["resyncs"] == 1 }
             let ping = try c.request(#"{"op":"ping"}"#)
-            #expect(ping["cluster"]?["problem"]?.stringValue?.contains("lost entries") == true, "\(ping.compactString)")
-            #expect(ping["seq"] == 2)  // seq never goes backwards
-            #expect(try c.request(#"{"op":"update","model":{"id":"C"}}"#)["error"]?["code"] == "unavailable")
-            #expect(try c.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)  // reads from the state it had
+            #expect(ping["seq"] == 3)  // never backwards: one past what was seen
+            #expect(ping["cluster"]?["state"] == "attached")
+            #expect(try c.request(#"{"op":"get","id":"A"}"#)["model"] == .null)  // what the log holds: nothing
         }
+        // The subscriber was told once, coalesced, with the seq reached.
+        try waitUntil("the coalesced event") { _ = try b.request(#"{"op":"ping"}"#); return !b.events.isEmpty }
+        let e = b.take()
+        #expect(e.count == 1 && e[0]["coalesced"] == true && e[0]["seq"] == 3 && e[0]["model"] == .null, "\(e.map(\.compactString))")
+        // Writes go on after the highest seq seen.
+        #expect(try a.request(#"{"op":"update","model":{"id":"C"}}"#)["seq"] == 4)
+        #expect(try b.request(#"{"op":"get","id":"C","min_seq":4}"#)["model"]?["id"] == "C")
+    }
+
+    @Test func anAOFRollbackIsDetectedAndTheHostsRebuildWithoutGoingBack() throws {
+        let redis = try RedisProcess()
+        let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
+        try Self.waitAttached(hosts)
+        let a = try hosts[0].connect(), b = try hosts[1].connect()
+        for v in 1...5 { #expect(try a.request(#"{"op":"update","model":{"id":"A","v":\#(v)}}"#)["seq"] == .int(v)) }
+        // An older copy of Redis's files: taken now, restored later.
+        _ = try redis.cli(["BGREWRITEAOF"])
+        try waitUntil("AOF rewritten") { try redis.cli(["INFO", "persistence"]).contains("aof_rewrite_in_progress:0") }
+        redis.signal(SIGSTOP)
+        let backup = redis.directory.appendingPathComponent("backup")
+        try FileManager.default.copyItem(at: redis.directory.appendingPathComponent("appendonlydir"), to: backup)
+        redis.signal(SIGCONT)
+        for v in 6...10 { #expect(try a.request(#"{"op":"update","model":{"id":"A","v":\#(v)}}"#)["seq"] == .int(v)) }
+        #expect(try b.request(#"{"op":"get","id":"A","min_seq":10}"#)["model"]?["v"] == 10)
+        redis.kill9()
+        let dir = redis.directory.appendingPathComponent("appendonlydir")
+        try FileManager.default.removeItem(at: dir)
+        try FileManager.default.moveItem(at: backup, to: dir)
+        try redis.start()
+        for c in [a, b] {
+            try waitUntil("host rebuilt after the rollback") { try c.request(#"{"op":"ping"}"#)["cluster"]?["resyncs"] == 1 }
+            #expect(try c.request(#"{"op":"ping"}"#)["seq"] == 11)
+            #expect(try c.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 5)  // what the log kept
+        }
+        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":11}}"#)["seq"] == 12)
+        #expect(try b.request(#"{"op":"get","id":"A","min_seq":12}"#)["model"]?["v"] == 11)
     }
 
     @Test func aHostListensOnlyOnceItHasCaughtUpWithTheLog() throws {

@@ -13,6 +13,9 @@ import ConcordCore
 import ConcordJSON
 import ConcordTestSupport
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 struct Cursor {
     let bytes: UnsafeBufferPointer<UInt8>
@@ -87,6 +90,7 @@ func consume(_ p: Peer) {
         let line = Array(p.raw[..<nl])
         p.raw.removeSubrange(...nl)
         guard let v = try? parser.parse(line) else { fail("unparsable output: \(String(decoding: line, as: UTF8.self))") }
+        if getenv("FUZZ_TRACE") != nil { print("  -> \(p.id): \(String(decoding: line, as: UTF8.self))") }
         if let sub = v["sub"]?.stringValue, v["event"] != nil {
             let seq = v["seq"]?.numberValue?.intValue ?? -1
             let kind = p.kinds[sub] ?? "?"
@@ -135,6 +139,8 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     config.outputSoftBytes = 600
     config.internalChecks = true
     let engine = Engine(configuration: config)
+    let now = Mutex(0.0)
+    engine.clock = { now.withLock { $0 } }
     let peers = (1...4).map { Peer(id: $0) }
     for p in peers { engine.open(p.id, flow: p.flow) }
     var cur = Cursor(bytes: UnsafeBufferPointer(start: data, count: size))
@@ -143,9 +149,12 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     // as indeterminate (applied later all the same) or not (dropped); the
     // link may detach. Every ordering check below holds all the same.
     let clustered = size > 0 && data[0] & 1 == 1
+    let trace = getenv("FUZZ_TRACE") != nil
+    if trace { setvbuf(stdout, nil, _IONBF, 0) }
     var log: [ClusterEntry] = []
     var applied = 0
     var hash = ""
+    var hashes = 0
     if clustered {
         engine.enableCluster(ClusterSettings(name: "f", host: "f", origin: "f", timeout: 5))
         engine.clusterEvent(.attached(epoch: "", head: 0))
@@ -153,7 +162,8 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     func appendTaken(_ m: [(ref: Int, line: [UInt8])]) {
         guard !m.isEmpty else { return }
         let prev = hash
-        hash = "h\(log.count + 1)"
+        hashes += 1
+        hash = "h\(hashes)"
         log.append(ClusterEntry(offset: log.count + 1, previousHash: prev, hash: hash, epoch: "e", time: Double(log.count),
                                 origin: "f", mutations: m, streamID: "\(log.count + 1)-0"))
     }
@@ -161,6 +171,13 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         guard clustered else { return }
         appendTaken(engine.takeClusterAppends())
         if engine.takeClusterHeadWanted() { engine.clusterEvent(.head(log.count)) }
+        // The host stopped following a log that lost entries: rebuild from the log's start.
+        if engine.takeClusterResyncWanted() {
+            if trace { print("resync") }
+            do { try engine.beginClusterResync(from: nil) } catch { fail("resync: \(error)") }
+            applied = 0
+            appendTaken(engine.takeClusterAppends())
+        }
         while apply && applied < log.count {
             engine.applyClusterEntry(log[applied])
             applied += 1
@@ -174,6 +191,7 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         rid += 1
         p.sentRids.append(rid)
         let line = "{\"rid\":\(rid)," + body.dropFirst()
+        if trace { print("send \(p.id): \(line)") }
         engine.handleLine(Array(line.utf8), from: p.id)
         deliver(engine, peers)
     }
@@ -226,6 +244,15 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
                 case 4:
                     appendTaken(taken)
                     engine.clusterEvent(.detached(reason: "fuzz"))
+                case 5 where log.count > applied - 2 && applied >= 2:
+                    if trace { print("rollback to \(applied - 2)") }
+                    // The log loses its last entries (an older copy restored) and grows again.
+                    let keep = applied - 2
+                    log.removeLast(log.count - keep)
+                    hash = log.last?.hash ?? ""
+                    appendTaken(taken)
+                    if log.count == keep { appendTaken([(-1, Array(#"{"op":"update","model":{"id":"P:9","n":9}}"#.utf8))]) }
+                    applied = keep
                 default:
                     appendTaken(taken)
                     engine.clusterEvent(.attached(epoch: "e", head: log.count))
@@ -239,9 +266,20 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         default: break
         }
     }
-    // The log is reachable again and applied; everyone reads; every subscription is resumed; a barrier.
+    // The log is reachable again and applied; what it lost is answered
+    // (indeterminate) after the cluster timeout; everyone reads; every
+    // subscription is resumed; a barrier.
     if clustered { engine.clusterEvent(.attached(epoch: "e", head: log.count)) }
     pumpLog()
+    if clustered {
+        now.withLock { $0 = 10 }
+        engine.expireClusterWaits()
+        // Until nothing moves: an answer lets a connection's next lines go to the log, and so on.
+        for _ in 0..<8 {
+            pumpLog()
+            for p in peers { read(engine, peers, p) }
+        }
+    }
     for p in peers { read(engine, peers, p) }
     for p in peers {
         for name in p.kinds.keys.sorted() { send(p, #"{"op":"resume","sub":"\#(name)"}"#) }
