@@ -5,6 +5,26 @@ import ConcordCore
 import Logging
 import Synchronization
 
+/// What the server needs of a cluster log, on the loop thread. The core
+/// (``Engine`` in cluster mode) knows only entries in and appends out; a log
+/// engine is one implementation of this (Redis Streams: ``ClusterLink``), so
+/// another (PostgreSQL, etcd: a log that does not lose acknowledged writes on
+/// failover) plugs in here and runs the same core and cluster tests.
+protocol ClusterLogLink: AnyObject {
+    /// Connects, and keeps trying; posts `.cluster(...)` events and entries to the sequencer.
+    func start()
+    /// At shutdown, once the core drained.
+    func close()
+    /// One sequencer turn's mutations, in order (one host's appends must be applied in this order).
+    func append(_ mutations: [(ref: Int, line: [UInt8])])
+    /// `sync`: post `.cluster(.head(n))`.
+    func fetchHead()
+    /// A snapshot every host took at the same offset: publish its digest, store it if this host is elected.
+    func snapshotTaken(_ bytes: [UInt8], offset: Int, streamID: String, sum: String)
+    /// The core stopped following the log: post `.resyncSnapshot` with what the log holds now, then entries after it.
+    func resync()
+}
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -18,7 +38,7 @@ import Glibc
 ///
 /// What the core learns goes to the sequencer's inbox: entries, and
 /// attached/detached/head/append-failed events.
-final class ClusterLink {
+final class ClusterLink: ClusterLogLink {
     enum Endpoint: Equatable {
         case tcp(host: String, port: Int32)
         case unix(path: String)
@@ -135,7 +155,6 @@ final class ClusterLink {
     private(set) var snapshotsWritten = 0
     /// The highest offset read, and its value when the heartbeat in flight was sent.
     private var readOffset = 0
-    var readOffsetForLogs: Int { readOffset }
     private var readOffsetAtBeat = 0
     private var readSentAt: Double?
     private var queue: [Append] = []

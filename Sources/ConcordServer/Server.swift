@@ -45,7 +45,7 @@ public final class Server {
     var sequencer: Sequencer!
     var metricsEndpoint: MetricsEndpoint?
     /// Cluster mode: the link to the shared log (on this loop).
-    var clusterLink: ClusterLink?
+    var clusterLink: (any ClusterLogLink)?
     /// Cluster mode: listening began late (after catching up) and failed.
     var lateStartupFailure: StartupError?
 
@@ -57,7 +57,6 @@ public final class Server {
             try listen()
             logger.info("concord-server listening", metadata: [
                 "concord.socket": "\(configuration.socketPath)", "concord.cluster": "\(configuration.cluster?.settings.name ?? "")",
-                "concord.applied_offset": "\(clusterLink?.readOffsetForLogs ?? 0)",
             ])
         } catch {
             logger.critical("cannot start: \(error.description)")

@@ -207,7 +207,8 @@ struct ConcordServerCommand: ParsableCommand {
     static func hostName() -> String {
         var buf = [CChar](repeating: 0, count: 256)
         guard gethostname(&buf, buf.count - 1) == 0 else { return "host" }
-        return String(cString: buf)
+        let bytes = buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }
+        return String(decoding: bytes, as: UTF8.self)
     }
 
     /// A uid given as a number or a user name.
