@@ -39,6 +39,38 @@ def writer(path, tag, inflight, n, lat, deadline):
     s.close()
 
 
+def cross(writer_path, watcher_path, rate, seconds=3.0):
+    """A writer on one host at `rate` updates/s (paced, 64 in flight at most);
+    a feed subscriber on another: update sent -> event received there."""
+    w = socket.socket(socket.AF_UNIX); w.connect(writer_path); wf = w.makefile("rb")
+    s = socket.socket(socket.AF_UNIX); s.connect(watcher_path); sf = s.makefile("rb")
+    s.sendall(b'{"op":"subscribe","sub":"f","feed":{}}\n'); json.loads(sf.readline())
+    lat = []
+    n = int(rate * seconds)
+    def watch():
+        got = 0
+        while got < n:
+            e = json.loads(sf.readline())
+            if e.get("event") == "entity":
+                lat.append(time.perf_counter() - e["model"]["t"] / 1e9); got += 1
+    t = threading.Thread(target=watch, daemon=True); t.start()
+    acks = threading.Thread(target=lambda: [wf.readline() for _ in range(n)], daemon=True); acks.start()
+    start = time.perf_counter()
+    i = 0
+    while i < n:
+        # Paced by sleeping (a busy loop would hold the GIL from the watcher): every 2 ms, what is due.
+        due = min(n, int((time.perf_counter() - start) * rate) + 1)
+        while i < due:
+            w.sendall(b'{"op":"update","model":{"id":"X:%d","t":%d}}\n' % (i % 100, int(time.perf_counter() * 1e9)))
+            i += 1
+        time.sleep(0.002)
+    t.join(10); acks.join(10)
+    w.close(); s.close()
+    lat.sort()
+    p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3 if lat else float("nan")
+    return p(0.5), p(0.99), len(lat)
+
+
 def run(sockets, conns, inflight):
     lat = []
     threads = []
@@ -65,6 +97,9 @@ def main():
         wait_socket(d + "/single.sock")
         for conns, inflight in [(1, 1), (1, 64), (4, 64)]:
             rows.append(("single server", conns, inflight) + run([d + "/single.sock"], conns, inflight))
+        crosses = []
+        for rate in [1000, 5000]:
+            crosses.append(("single server (writer and watcher on it)", rate) + cross(d + "/single.sock", d + "/single.sock", rate))
         single.terminate(); single.wait()
         for fsync in ["always", "everysec"]:
             rd = tempfile.mkdtemp(dir=d)
@@ -78,6 +113,8 @@ def main():
             for h in hosts: wait_socket(h)
             for conns, inflight in [(1, 1), (1, 64), (4, 64)]:
                 rows.append((f"2 hosts, appendfsync {fsync}", conns, inflight) + run(hosts, conns, inflight))
+            for rate in [1000, 5000]:
+                crosses.append((f"host a -> host b, appendfsync {fsync}", rate) + cross(hosts[0], hosts[1], rate))
             xlen = subprocess.run(["redis-cli", "-s", rd + "/r.sock", "XLEN", "concord:{load}:log"], capture_output=True, text=True).stdout.strip()
             rows.append((f"  (log entries: {xlen})", 0, 0, 0, 0, 0))
             for p in procs[-3:]: p.terminate()
@@ -86,6 +123,10 @@ def main():
         for name, c, w, rate, p50, p99 in rows:
             if c == 0: print(name); continue
             print(f"{name:32} {c:>10} {w:>9} {rate:>10.0f} {p50:>8.2f} {p99:>8.2f}")
+        print()
+        print(f"{'update -> event':42} {'rate/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'events':>7}")
+        for name, rate, p50, p99, n in crosses:
+            print(f"{name:42} {rate:>7} {p50:>8.2f} {p99:>8.2f} {n:>7}")
     finally:
         for p in procs:
             if p.poll() is None: p.kill(); p.wait()
