@@ -135,6 +135,9 @@ final class ClusterLink: ClusterLogLink {
     private let tokenPrefix: String
 
     private var writer: Conn?
+    /// A snapshot being stored, on its own connection (opened for it, dropped after).
+    private var uploader: Conn?
+    private var upload: (bytes: [UInt8], offset: Int, streamID: String, sum: String)?
     private var reader: Conn?
     private var scriptSHA: String?
     private var scriptLoading = false
@@ -208,6 +211,7 @@ final class ClusterLink: ClusterLogLink {
         }
         drop(&writer, reason: "shutdown")
         drop(&reader, reason: "shutdown")
+        drop(&uploader, reason: "shutdown")
     }
 
     // MARK: Connections
@@ -241,17 +245,19 @@ final class ClusterLink: ClusterLogLink {
     }
 
     private func connected(_ ac: UnsafeMutablePointer<redisAsyncContext>, ok: Bool) {
-        let conn = writer?.ac == ac ? writer : reader?.ac == ac ? reader : nil
+        let conn = writer?.ac == ac ? writer : reader?.ac == ac ? reader : uploader?.ac == ac ? uploader : nil
         guard let conn else { return }
         if !ok {
             // hiredis frees the context after this callback.
             problem("cannot connect the \(conn.role) to the cluster log: \(String(cString: ac.pointee.errstr))")
             conn.ac = nil
-            if conn === writer { writer = nil } else { reader = nil }
+            if conn === writer { writer = nil } else if conn === reader { reader = nil } else { uploader = nil; upload = nil }
             return
         }
         conn.connected = true
-        if conn === writer {
+        if conn === uploader {
+            startUpload()
+        } else if conn === writer {
             loadScript()
             heartbeat()
             if !bootstrapped { bootstrap() }
@@ -270,12 +276,16 @@ final class ClusterLink: ClusterLogLink {
             reader?.ac = nil
             reader = nil
             lost("the cluster log closed the reader connection")
+        } else if uploader?.ac == ac {
+            uploader?.ac = nil
+            uploader = nil
+            upload = nil  // the lease expires; the next snapshot point tries again
         }
     }
 
     /// Frees a connection now (never from inside one of its own callbacks:
     /// only the timer and `close` call this).
-    private func drop(_ conn: inout Conn?, reason: String) {
+    private func drop(_ conn: inout Conn?, reason: String, isLoss: Bool = true) {
         guard let c = conn else { return }
         conn = nil
         if let ac = c.ac {
@@ -283,7 +293,7 @@ final class ClusterLink: ClusterLogLink {
             ac.pointee.data = nil  // its disconnect callback must not find us
             redisAsyncFree(ac)  // answers its pending commands with no reply
         }
-        if reason != "shutdown" { lost(reason) }
+        if reason != "shutdown" && isLoss { lost(reason) }
     }
 
     private func lost(_ reason: String) {
@@ -317,6 +327,11 @@ final class ClusterLink: ClusterLogLink {
         }
         if let sent = readSentAt, now - sent > Double(options.blockMs) / 1000 + options.lossAfter {
             drop(&reader, reason: "a blocked read of the cluster log did not return within \(Double(options.blockMs) / 1000 + options.lossAfter) s")
+        }
+        // The snapshot upload's own connection: gone when done, or when it cannot connect.
+        if let u = uploader, upload == nil || (!u.connected && now - u.openedAt > options.lossAfter) {
+            drop(&uploader, reason: "upload finished", isLoss: false)
+            upload = nil
         }
         if writer == nil {
             if told.attached || lastBeat > 0 { reconnects += 1 }
@@ -591,7 +606,11 @@ final class ClusterLink: ClusterLogLink {
         guard offset > snapshotOffset, !streamID.isEmpty else { return }
         command(ac, ["SET", leaseKey, options.settings.origin, "NX", "PX", "60000"]) { [self] reply in
             guard let reply, reply.pointee.type == REDIS_REPLY_STATUS else { return }  // another host writes this one
-            upload(snapshot: bytes, offset: offset, streamID: streamID, sum: sum)
+            guard upload == nil else { return }  // one at a time; the lease expires unused
+            // Megabytes of chunks must not queue ahead of the writer's heartbeat
+            // and appends: the upload gets a connection of its own.
+            upload = (bytes, offset, streamID, sum)
+            if let u = uploader, u.connected { startUpload() } else if uploader == nil { uploader = open("snapshot uploader") }
         }
     }
 
@@ -621,8 +640,11 @@ final class ClusterLink: ClusterLogLink {
         """
 
     /// Uploads an encoded snapshot in chunks, then finishes it (rotation, trim) in one script.
-    private func upload(snapshot bytes: [UInt8], offset: Int, streamID: String, sum: String) {
-        guard let ac = writer?.ac, writer?.connected == true, !streamID.isEmpty else { return }
+    private func startUpload() {
+        guard let ac = uploader?.ac, let (bytes, offset, streamID, sum) = upload, !streamID.isEmpty else {
+            upload = nil
+            return
+        }
         let prefix = "\(tokenPrefix.dropLast(4))snap:"
         let size = options.snapshotChunkBytes
         let chunks = max(1, (bytes.count + size - 1) / size)
@@ -640,6 +662,7 @@ final class ClusterLink: ClusterLogLink {
         let args = ["EVAL", Self.finishSnapshotScript, "3", metaKey, logKey, leaseKey, options.settings.origin, String(offset), streamID,
                     String(chunks), String(bytes.count), sum, prefix]
         command(ac, args) { [self] reply in
+            upload = nil  // done either way: the timer drops the connection
             guard !failed, let reply, reply.pointee.type == REDIS_REPLY_ARRAY, reply.pointee.elements == 2 else {
                 if let reply, reply.pointee.type == REDIS_REPLY_ERROR { problem("finishing a cluster snapshot failed: \(Self.text(reply) ?? "?")") }
                 return
