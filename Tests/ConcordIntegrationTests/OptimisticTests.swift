@@ -48,6 +48,9 @@ struct OptimisticTests {
                 _ = try await c.ping()  // the event is in: applied under the layer
                 #expect(message.data?.text == "edited")
                 #expect(message.data?.sender.name == "Ann X.")
+                // The layer holds while this closure runs: a provider's follower sees it
+                // (waited for here, not checked after the fact: a busy machine may deliver late).
+                #expect(await eventually { steps.withLock { $0.last } == "Ann X.*" })
                 return try await c.update(stale, ifUnchangedSince: seen)  // Person:1 changed since: conflict
             }
             Issue.record("expected a conflict")
@@ -62,7 +65,6 @@ struct OptimisticTests {
         #expect(await eventually { steps.withLock { $0.last } == "Ann B." })
         let shown = steps.withLock { $0 }
         #expect(shown.allSatisfy { ["Ann B.", "Ann B.*", "Ann X.*"].contains($0) }, "\(shown)")
-        #expect(shown.contains("Ann X.*"))
         follower.cancel()
         c.close()
         other.close()
