@@ -111,12 +111,19 @@ def main():
                 p = subprocess.Popen([BIN, "--socket", f"{rd}/h{h}.sock", "--cluster", f"unix://{rd}/r.sock", "--cluster-name", "load",
                                       "--cluster-host", f"h{h}", "--log-level", "error"]); procs.append(p); hosts.append(f"{rd}/h{h}.sock")
             for h in hosts: wait_socket(h)
+            def redis_cpu():
+                info = subprocess.run(["redis-cli", "-s", rd + "/r.sock", "INFO", "cpu"], capture_output=True, text=True).stdout
+                vals = dict(l.split(":", 1) for l in info.splitlines() if ":" in l)
+                return float(vals["used_cpu_sys"]) + float(vals["used_cpu_user"])
+            cpu0 = redis_cpu()
             for conns, inflight in [(1, 1), (1, 64), (4, 64)]:
                 rows.append((f"2 hosts, appendfsync {fsync}", conns, inflight) + run(hosts, conns, inflight))
             for rate in [1000, 5000]:
                 crosses.append((f"host a -> host b, appendfsync {fsync}", rate) + cross(hosts[0], hosts[1], rate))
             xlen = subprocess.run(["redis-cli", "-s", rd + "/r.sock", "XLEN", "concord:{load}:log"], capture_output=True, text=True).stdout.strip()
-            rows.append((f"  (log entries: {xlen})", 0, 0, 0, 0, 0))
+            cpu = redis_cpu() - cpu0
+            mutations = (1 + 1 + 4) * 2 * N + 18_000  # the three throughput rows on both hosts, and the two paced cross-host rows
+            rows.append((f"  (log entries: {xlen}; Redis CPU {cpu:.2f} s: {cpu / max(1, int(xlen)) * 1e6:.1f} µs per entry, {cpu / mutations * 1e6:.2f} µs per mutation, all its work: appends, two readers, heartbeats)", 0, 0, 0, 0, 0))
             for p in procs[-3:]: p.terminate()
             for p in procs[-3:]: p.wait()
         print(f"{'setup':32} {'conns/host':>10} {'in flight':>9} {'updates/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
