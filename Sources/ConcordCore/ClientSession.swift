@@ -54,9 +54,11 @@ final class ClientSession {
     /// Waits only for its own mutations in the log, with nothing queued
     /// behind them: a further mutation may go to the log at once (it will be
     /// applied, and answered, after them).
-    var onlyLogPending: Bool {
+    var onlyLogPending: Bool { waitsOnlyForLog && backlogHead == backlog.count }
+
+    /// Waits for its own mutations in the log and for nothing else.
+    var waitsOnlyForLog: Bool {
         !logPending.isEmpty && waitingTicket == nil && waitingDurable == nil && waitingSeq == nil && waitingSync == nil
-            && backlogHead == backlog.count
     }
 
     func popBacklog() -> Engine.ParsedLine? {

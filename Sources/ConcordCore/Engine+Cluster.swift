@@ -150,6 +150,9 @@ final class ClusterState {
     static let recentHashCount = 1024
     /// Entries behind the log's head past which a host says `catching_up` (it serves meanwhile).
     static let catchUpLag = 256
+    /// Mutations of one connection in the log at once (memory is bounded by
+    /// configuration, not by how fast the log answers).
+    static let maxPendingPerConnection = 1024
     /// See ``Engine/clusterOutcomeDigest``.
     var outcomes: UInt64 = 0xcbf2_9ce4_8422_2325
 
@@ -251,7 +254,9 @@ extension Engine {
     /// (a read, a line that does not decode, a refusal) waits its turn, so
     /// that its answer follows theirs. Returns whether it was appended.
     func appendBehindPending(_ parsed: ParsedLine, _ c: ClientSession, _ cl: ClusterState) -> Bool {
-        guard case .value(let value) = parsed, case .object(let o) = value, let op = o["op"]?.stringValue,
+        // A bound per connection: past it the line waits in the backlog, the
+        // connection's lane stops feeding, and the server stops reading it.
+        guard c.logPending.count < ClusterState.maxPendingPerConnection, case .value(let value) = parsed, case .object(let o) = value, let op = o["op"]?.stringValue,
               ["update", "delete", "batch", "clear", "collection.set", "collection.insert", "collection.remove", "collection.delete"].contains(op),
               !isShuttingDown, cl.link == .attached || cl.link == .catchingUp, cl.broken == nil,
               let request = try? Request.decode(value, idKey: configuration.idKey), goesThroughLog(request) else { return false }

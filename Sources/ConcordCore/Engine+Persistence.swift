@@ -589,8 +589,19 @@ extension Engine {
     /// Answers queued lines until the client waits again or has none.
     func drain(_ c: ClientSession, rerunning: Bool = false) {
         if rerunning { c.rerunAfterSync = true }
-        while !c.isWaiting, let line = c.popBacklog() {
-            process(line, c)
+        while true {
+            if !c.isWaiting, let line = c.popBacklog() {
+                process(line, c)
+                continue
+            }
+            // Cluster mode: mutations queued behind the connection's own ones in
+            // the log go to the log too, all of them, not one per answer.
+            if let cl = cluster, c.waitsOnlyForLog, c.backlogHead < c.backlog.count,
+               appendBehindPending(c.backlog[c.backlogHead], c, cl) {
+                _ = c.popBacklog()
+                continue
+            }
+            return
         }
     }
 }

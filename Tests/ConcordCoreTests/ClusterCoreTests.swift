@@ -133,6 +133,22 @@ final class FakeCluster {
         #expect(r[3]["seq"] == 3)
     }
 
+    @Test func aConnectionHasABoundedNumberOfMutationsInTheLog() {
+        let cl = FakeCluster(hosts: 1)
+        let engine = cl.hosts[0].engine
+        let c = cl.hosts[0].connect()
+        for i in 0..<1100 { c.post(#"{"rid":\#(i),"op":"update","model":{"id":"A","v":\#(i)}}"#) }
+        let taken = engine.takeClusterAppends()
+        #expect(taken.count == ClusterState.maxPendingPerConnection)
+        // The rest waits behind them, and the driver stops feeding (and reading) the connection.
+        #expect(engine.isWaiting(c.id))
+        cl.log.append(origin: "h0#run", taken)
+        cl.pump()
+        cl.pump()
+        let rids = c.takeResponses().map { $0["rid"]?.numberValue?.intValue ?? -1 }
+        #expect(rids == Array(0..<1100), "\(rids.count) answers, first wrong at \(rids.indices.first { rids[$0] != $0 } ?? -1)")
+    }
+
     @Test func aFailureBehindAMutationStillInTheLogIsAnsweredAfterIt() {
         let cl = FakeCluster(hosts: 1)
         let engine = cl.hosts[0].engine
