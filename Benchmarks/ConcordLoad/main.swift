@@ -199,8 +199,7 @@ func clusterReplay(mutations n: Int) -> String {
             let m = e.takeClusterAppends()
             guard !m.isEmpty else { continue }
             let offset = entries.count + 1
-            var h: UInt64 = 0xcbf2_9ce4_8422_2325
-            for b in "\(hash)|\(offset)|h\(i)".utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+            let h = FNV1a.hash("\(hash)|\(offset)|h\(i)".utf8)
             let prev = hash
             hash = String(h, radix: 16)
             entries.append(ClusterEntry(offset: offset, previousHash: prev, hash: hash, epoch: "e", time: Double(offset),

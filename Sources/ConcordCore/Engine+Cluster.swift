@@ -154,12 +154,13 @@ final class ClusterState {
     /// configuration, not by how fast the log answers).
     static let maxPendingPerConnection = 1024
     /// See ``Engine/clusterOutcomeDigest``.
-    var outcomes: UInt64 = 0xcbf2_9ce4_8422_2325
+    var outcomes: UInt64 = FNV1a().value
 
     static func fold(_ h: UInt64, _ s: String) -> UInt64 {
-        var h = h
-        for b in s.utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
-        return (h ^ 0x0A) &* 0x100_0000_01b3
+        var f = FNV1a()
+        f.add(withUnsafeBytes(of: h.littleEndian) { Array($0) })
+        f.add(s.utf8)
+        return f.value
     }
 
     init(settings: ClusterSettings) {
@@ -256,9 +257,7 @@ extension Engine {
     func appendBehindPending(_ parsed: ParsedLine, _ c: ClientSession, _ cl: ClusterState) -> Bool {
         // A bound per connection: past it the line waits in the backlog, the
         // connection's lane stops feeding, and the server stops reading it.
-        guard c.logPending.count < ClusterState.maxPendingPerConnection, case .value(let value) = parsed, case .object(let o) = value, let op = o["op"]?.stringValue,
-              ["update", "delete", "batch", "clear", "collection.set", "collection.insert", "collection.remove", "collection.delete"].contains(op),
-              !isShuttingDown, cl.link == .attached || cl.link == .catchingUp, cl.broken == nil,
+        guard c.logPending.count < ClusterState.maxPendingPerConnection, case .value(let value) = parsed, !isShuttingDown, cl.link == .attached || cl.link == .catchingUp, cl.broken == nil,
               let request = try? Request.decode(value, idKey: configuration.idKey), goesThroughLog(request) else { return false }
         c.requests += 1
         do {
@@ -514,17 +513,16 @@ extension Engine {
     /// differs per process.
     public func stateDigest() -> UInt64 {
         func fnv(_ tag: UInt8, _ name: String, _ value: JSON?) -> UInt64 {
-            var h: UInt64 = 0xcbf2_9ce4_8422_2325
-            func eat(_ b: UInt8) { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
-            eat(tag)
-            for b in name.utf8 { eat(b) }
-            eat(0)
+            var h = FNV1a()
+            h.add(tag)
+            h.add(name.utf8)
+            h.add(0)
             if let value {
                 var w = JSONWriter(capacity: 64)
                 w.value(value)
-                for b in w.bytes { eat(b) }
+                h.add(w.bytes)
             }
-            return h
+            return h.value
         }
         var sum: UInt64 = fnv(0x73, String(seq), nil)
         for id in store.entities.keys { sum &+= fnv(0x65, id, store.entity(id)) }

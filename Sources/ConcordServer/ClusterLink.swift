@@ -678,9 +678,7 @@ final class ClusterLink: ClusterLogLink {
     }
 
     static func fnvHex(_ bytes: [UInt8]) -> String {
-        var h: UInt64 = 0xcbf2_9ce4_8422_2325
-        for b in bytes { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
-        return String(h, radix: 16)
+        String(FNV1a.hash(bytes), radix: 16)
     }
 
     // MARK: Appending
