@@ -438,7 +438,7 @@ final class ClusterLink: ClusterLogLink {
                 }
                 guard let o = f["o"].flatMap(Self.text).flatMap({ Int($0) }), let p = f["p"].flatMap(Self.text),
                       let h = f["h"].flatMap(Self.text), let e = f["e"].flatMap(Self.text),
-                      let t = f["t"].flatMap(Self.text).flatMap({ Double($0) }), let g = f["g"].flatMap(Self.text),
+                      let t = Double(id.prefix(while: { $0 != "-" })), let g = f["g"].flatMap(Self.text),
                       let m = f["m"].flatMap(Self.bytes), let muts = ClusterEntry.decode(m) else {
                     logger.error("a cluster log entry is malformed; the hosts stop at it", metadata: ["concord.entry": "\(id)"])
                     // An entry every host reads alike: passed on with no mutations but a broken chain, so each stops.
@@ -686,7 +686,11 @@ final class ClusterLink: ClusterLogLink {
     /// The script: dedupes a retried entry by its token, creates the log's
     /// meta (epoch) when missing, refuses a host of another engine version
     /// or with other outcome-changing options, extends the hash chain and
-    /// XADDs — one round trip, atomic.
+    /// XADDs — one round trip, atomic. The entry's time ("now" for the
+    /// core) is the millisecond part of its stream ID: Redis's clock at the
+    /// append, never going backwards within a stream, the same on every
+    /// host. Five `redis.call`s per entry; each costs Redis ~4 µs of user
+    /// CPU here (OPERATIONS "Redis CPU per entry").
     static let script = """
         local seen = redis.call('GET', KEYS[3])
         if seen then return {'dup', seen} end
@@ -704,9 +708,7 @@ final class ClusterLink: ClusterLogLink {
         end
         local off = tonumber(m[4]) + 1
         local h = redis.sha1hex(m[5] .. ARGV[3])
-        local t = redis.call('TIME')
-        local ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
-        redis.call('XADD', KEYS[2], '*', 'o', tostring(off), 'p', m[5], 'h', h, 'e', m[3], 't', ms, 'g', ARGV[4], 'k', ARGV[3], 'm', ARGV[5])
+        redis.call('XADD', KEYS[2], '*', 'o', tostring(off), 'p', m[5], 'h', h, 'e', m[3], 'g', ARGV[4], 'k', ARGV[3], 'm', ARGV[5])
         redis.call('HSET', KEYS[1], 'offset', tostring(off), 'h', h)
         redis.call('SET', KEYS[3], tostring(off), 'PX', ARGV[7])
         return {'ok', tostring(off)}

@@ -165,7 +165,7 @@ public final class Server {
             }
             let e = configuration.engine
             let link = ClusterLink(options: ClusterLink.Options(
-                endpoint: endpoint, settings: cluster.settings, engineVersion: "concord-\(e.version)/log-1",
+                endpoint: endpoint, settings: cluster.settings, engineVersion: "concord-\(e.version)/log-2",
                 optionsFingerprint: "id_key=\(e.idKey) max_depth=\(e.maxDepth) history_mutations=\(e.historyMutations) history_entities=\(e.historyEntities) token_retention=\(e.tokenRetention) token_memory=\(e.tokenBytes)",
                 snapshotEvery: cluster.snapshotEvery), loop: loop, logger: logger, sequencer: sequencer)
             link.start()
