@@ -46,7 +46,7 @@ let dir = NSTemporaryDirectory() + "concord-bench-\(getpid())"
 try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
 
 nonisolated(unsafe) var step = 0
-let totalSteps = 21
+let totalSteps = 23
 /// Announces a scenario; false when `--only` excludes it.
 @discardableResult
 func progress(_ what: String) -> Bool {
@@ -343,6 +343,67 @@ do {
                      "\(rf.slowEvents), \(rf.slowDropped ? "dropped" : "kept")", "-"))
         rows.append(("flood: writer's updates taken / server CPU s", "\(fmt(Double(cf.updatesWritten))) / \(String(format: "%.1f", cf.serverCPUSeconds))",
                      "\(fmt(Double(rf.updatesWritten))) / \(String(format: "%.1f", rf.serverCPUSeconds))", "-"))
+    }
+
+    // 8. Cluster mode (issue 21): three hosts and one Redis (AOF), all on these
+    // two vCPUs with the load; beside them one server alone with the same load.
+    var alone: (l1k: CrossHost, sat: Saturation)?
+    for fsync in ["everysec", "always"] {
+        guard progress("cluster: 3 hosts + Redis (appendfsync \(fsync)): cross-host latency, saturation") else { continue }
+        let ld = options.full ? 10.0 : 3.0
+        if alone == nil {
+            let (sp, single) = try concord()
+            let l = try crossHostLatency(writer: single, watcher: single, rate: 1000, duration: ld)
+            let sat = try clusterSaturation(hosts: [(sp, single)], writersPerHost: 6, duration: d, redis: nil)
+            sp.stop()
+            alone = (l, sat)
+            results["alone_1k_event_p50_us"] = l.event.p50
+            results["alone_1k_event_p99_us"] = l.event.p99
+            results["alone_1k_ack_p50_us"] = l.ack.p50
+            results["alone_1k_ack_p99_us"] = l.ack.p99
+            results["alone_max_mutations_per_s"] = sat.mutationsPerSecond
+            results["alone_cpu_us_per_mutation"] = sat.hostCPUPerMutationUs.first ?? 0
+        }
+        let name = "bench\(fsync)"
+        let rp = try clusterRedis(fsync: fsync)
+        let hosts = try clusterHosts(3, log: rp.socket, name: name)
+        defer { for h in hosts { h.0.stop() }; rp.stop() }
+        let tag = fsync == "always" ? "cluster_always" : "cluster"
+        for rate in fsync == "always" ? [1000.0] : [1000.0, 5000.0] {
+            let x = try crossHostLatency(writer: hosts[0].1, watcher: hosts[1].1, rate: rate, duration: ld, redis: (rp, name))
+            let r = rate >= 5000 ? "5k" : "1k"
+            results["\(tag)_\(r)_event_p50_us"] = x.event.p50
+            results["\(tag)_\(r)_event_p99_us"] = x.event.p99
+            results["\(tag)_\(r)_ack_p50_us"] = x.ack.p50
+            results["\(tag)_\(r)_ack_p99_us"] = x.ack.p99
+            results["\(tag)_\(r)_errors"] = Double(x.ack.errors)
+            results["\(tag)_\(r)_redis_cpu_us_per_entry"] = x.redisCPUPerEntryUs
+            results["\(tag)_\(r)_mutations_per_entry"] = x.mutationsPerEntry
+            let a = alone!.l1k
+            rows.append(("\(tag) \(r)/s: update → event on another host p50 / p99 (µs)",
+                         String(format: "%.0f / %.0f", x.event.p50, x.event.p99), "-",
+                         rate == 1000 ? String(format: "alone %.0f / %.0f", a.event.p50, a.event.p99) : "-"))
+            rows.append(("\(tag) \(r)/s: writer's update → ok p50 / p99 (µs)",
+                         String(format: "%.0f / %.0f", x.ack.p50, x.ack.p99), "-",
+                         rate == 1000 ? String(format: "alone %.0f / %.0f", a.ack.p50, a.ack.p99) : "-"))
+            rows.append(("\(tag) \(r)/s: Redis CPU µs per log entry; mutations per entry",
+                         String(format: "%.1f; %.2f", x.redisCPUPerEntryUs, x.mutationsPerEntry), "-", "-"))
+        }
+        let sat = try clusterSaturation(hosts: hosts, writersPerHost: 2, duration: d, redis: (rp, name))
+        let a = alone!.sat
+        results["\(tag)_max_mutations_per_s"] = sat.mutationsPerSecond
+        results["\(tag)_max_vs_alone"] = sat.mutationsPerSecond / max(a.mutationsPerSecond, 1)
+        results["\(tag)_sat_mutations_per_entry"] = Double(sat.mutations) / Double(max(1, sat.entries))
+        results["\(tag)_sat_redis_cpu_us_per_entry"] = sat.redisCPUPerEntryUs
+        results["\(tag)_sat_redis_cpu_us_per_mutation"] = sat.redisCPUPerMutationUs
+        for (i, c) in sat.hostCPUPerMutationUs.enumerated() { results["\(tag)_sat_host\(i)_cpu_us_per_mutation"] = c }
+        rows.append(("\(tag) saturated, 3 hosts × 2 writers: mutations/s",
+                     fmt(sat.mutationsPerSecond), "-", String(format: "alone %@ (×%.2f)", fmt(a.mutationsPerSecond), sat.mutationsPerSecond / max(a.mutationsPerSecond, 1))))
+        rows.append(("\(tag) saturated: mutations per entry; Redis CPU µs per entry / per mutation",
+                     String(format: "%.1f; %.0f / %.2f", Double(sat.mutations) / Double(max(1, sat.entries)), sat.redisCPUPerEntryUs, sat.redisCPUPerMutationUs), "-", "-"))
+        rows.append(("\(tag) saturated: CPU µs per mutation, each host",
+                     sat.hostCPUPerMutationUs.map { String(format: "%.1f", $0) }.joined(separator: " / "), "-",
+                     String(format: "alone %.1f", a.hostCPUPerMutationUs.first ?? 0)))
     }
 } catch {
     FileHandle.standardError.write(Data("concord-bench: \(error)\n".utf8))
