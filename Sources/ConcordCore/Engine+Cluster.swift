@@ -100,6 +100,10 @@ public enum ClusterLogEvent: Sendable {
     case head(Int)
     /// Appends that did not go in: `indeterminate` when they may have.
     case appendFailed(refs: [Int], indeterminate: Bool, reason: String)
+    /// Appends the log took (or had taken: a retried token): their apply
+    /// gets its own `--cluster-timeout` from now, and if this host does not
+    /// reach them in it the answer says they are in the log.
+    case appendConfirmed(refs: [Int])
     /// The host cannot follow the log (a snapshot it needs is missing or damaged).
     case broken(reason: String)
     /// Another host's state digest at `offset` differs from this host's: an alarm (`stats`, the log).
@@ -119,7 +123,7 @@ final class ClusterState {
     var resyncs = 0
     var nextRef = 1
     /// Mutations of this host's clients appended (or about to be) and not applied yet.
-    var pending: [Int: (client: ClientSession, rid: JSON, deadline: Double)] = [:]
+    var pending: [Int: (client: ClientSession, rid: JSON, deadline: Double, confirmed: Bool)] = [:]
     /// To hand to the driver: what to append, in order.
     var appends: [(ref: Int, line: [UInt8])] = []
     /// Connections whose `sync` (or cluster `since`) waits for the log's head.
@@ -246,7 +250,7 @@ extension Engine {
         var w = JSONWriter(capacity: 256)
         w.value(value)
         cl.appends.append((ref, w.bytes))
-        cl.pending[ref] = (c, r.rid, clock() + cl.settings.timeout)
+        cl.pending[ref] = (c, r.rid, clock() + cl.settings.timeout, false)
         c.logPending.append(ref)
     }
 
@@ -319,6 +323,12 @@ extension Engine {
                 c.waitingSync!.target = head
             }
             serviceSyncWaiters(now: nil)
+        case .appendConfirmed(let refs):
+            let deadline = clock() + cl.settings.timeout
+            for ref in refs where cl.pending[ref] != nil {
+                cl.pending[ref]!.deadline = deadline
+                cl.pending[ref]!.confirmed = true
+            }
         case .appendFailed(let refs, let indeterminate, let reason):
             if let r = cl.rebaseRef, refs.contains(r) {
                 // The rebuild's rebase did not go in: start the rebuild over.
@@ -331,7 +341,7 @@ extension Engine {
                 guard let p = cl.pending.removeValue(forKey: ref) else { continue }
                 guard clients[p.client.id] === p.client else { continue }
                 let e = indeterminate
-                    ? ProtocolError(.unavailable, "the cluster log did not confirm the mutation (\(reason)); it may still be applied, once — retry with the same token to learn its outcome",
+                    ? ProtocolError(.unavailable, "the outcome of the mutation is not known (\(reason)); it may still be applied, once — retry with the same token to learn its outcome",
                                     details: [("indeterminate", .bool(true))])
                     : ProtocolError(.unavailable, "the cluster log refused or could not take the mutation (\(reason)); nothing was applied")
                 if p.client.logPending.first == ref {
@@ -474,11 +484,19 @@ extension Engine {
         guard let cl = cluster else { return }
         let now = clock()
         if !cl.pending.isEmpty {
-            var late: [Int] = []
-            for (ref, p) in cl.pending where now >= p.deadline || isShuttingDown { late.append(ref) }
+            var late: [Int] = [], lateInLog: [Int] = []
+            for (ref, p) in cl.pending where now >= p.deadline || isShuttingDown {
+                if p.confirmed { lateInLog.append(ref) } else { late.append(ref) }
+            }
             if !late.isEmpty {
                 late.sort()
-                clusterEvent(.appendFailed(refs: late, indeterminate: true, reason: "no answer within \(cl.settings.timeout) s"))
+                clusterEvent(.appendFailed(refs: late, indeterminate: true, reason: "the cluster log did not answer within \(cl.settings.timeout) s"))
+            }
+            if !lateInLog.isEmpty {
+                lateInLog.sort()
+                clusterEvent(.appendFailed(refs: lateInLog, indeterminate: true, reason: isShuttingDown
+                    ? "it is in the cluster log, and this host shut down before applying it"
+                    : "it is in the cluster log, and this host did not apply it within \(cl.settings.timeout) s of the log's answer"))
             }
         }
         if !cl.syncWaiters.isEmpty { serviceSyncWaiters(now: now) }

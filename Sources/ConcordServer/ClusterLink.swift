@@ -82,9 +82,11 @@ final class ClusterLink: ClusterLogLink {
         var maxEntryMutations = 256
         /// Payload bytes per entry, at most (one mutation alone may exceed it).
         var maxEntryBytes = 1 << 20
-        /// Seconds: heartbeat period, and how late an answer may be before the log counts as lost.
-        var heartbeat = 0.25
-        var lossAfter = 1.0
+        /// Seconds: the timer's period (a heartbeat goes out on each tick when
+        /// none is in flight), and how long without a heartbeat answer the log
+        /// counts as lost — detection within lossAfter + heartbeat < 1 s of a cut.
+        var heartbeat = 0.125
+        var lossAfter = 0.75
         /// `XREAD BLOCK` milliseconds.
         var blockMs = 500
         /// Entries read and not yet applied above which the reader pauses (flow control).
@@ -110,7 +112,8 @@ final class ClusterLink: ClusterLogLink {
     private final class Conn {
         let role: String
         var ac: UnsafeMutablePointer<redisAsyncContext>?
-        var connected = false
+        var connected = false { didSet { if connected { connectedAt = monotonicSeconds() } } }
+        var connectedAt = 0.0
         let openedAt: Double
         init(role: String, ac: UnsafeMutablePointer<redisAsyncContext>, openedAt: Double) {
             self.role = role
@@ -293,6 +296,14 @@ final class ClusterLink: ClusterLogLink {
             ac.pointee.data = nil  // its disconnect callback must not find us
             redisAsyncFree(ac)  // answers its pending commands with no reply
         }
+        switch c.role {
+        case "reader": readSentAt = nil
+        case "writer":
+            beatSentAt = nil
+            scriptSHA = nil
+            scriptLoading = false
+        default: break
+        }
         if reason != "shutdown" && isLoss { lost(reason) }
     }
 
@@ -322,11 +333,17 @@ final class ClusterLink: ClusterLogLink {
         let now = monotonicSeconds()
         if let w = writer, !w.connected, now - w.openedAt > options.lossAfter { drop(&writer, reason: "connecting the writer took over \(options.lossAfter) s") }
         if let r = reader, !r.connected, now - r.openedAt > options.lossAfter { drop(&reader, reason: "connecting the reader took over \(options.lossAfter) s") }
-        if let sent = beatSentAt, now - sent > options.lossAfter {
+        // Either connection's deadline drops both: they share the path to the
+        // log, and a reader left over from before a cut could hold a read the
+        // network lost (TCP retransmitting with back-off) while the new writer
+        // already says "attached" — its reads would come seconds late.
+        if beatSentAt != nil, let w = writer, w.connected, now - max(lastBeat, w.connectedAt) > options.lossAfter {
             drop(&writer, reason: "no heartbeat answer from the cluster log within \(options.lossAfter) s")
+            drop(&reader, reason: "the writer lost the cluster log", isLoss: false)
         }
         if let sent = readSentAt, now - sent > Double(options.blockMs) / 1000 + options.lossAfter {
             drop(&reader, reason: "a blocked read of the cluster log did not return within \(Double(options.blockMs) / 1000 + options.lossAfter) s")
+            drop(&writer, reason: "the reader lost the cluster log", isLoss: false)
         }
         // The snapshot upload's own connection: gone when done, or when it cannot connect.
         if let u = uploader, upload == nil || (!u.connected && now - u.openedAt > options.lossAfter) {
@@ -794,6 +811,7 @@ final class ClusterLink: ClusterLogLink {
             return
         }
         // "ok" or "dup": in the log; the reader brings it back and the core answers then.
+        submit(.cluster(.appendConfirmed(refs: a.refs)))
     }
 
     /// Appends still queued after the cluster timeout are given up: the core

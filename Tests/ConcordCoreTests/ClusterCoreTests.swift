@@ -359,6 +359,37 @@ final class FakeCluster {
         #expect(c.send(#"{"rid":3,"op":"ping"}"#)["rid"] == 3)
     }
 
+    /// An append the log took gets its own timeout for this host to apply
+    /// it; past that the answer is still `indeterminate`, and says it is in the log.
+    @Test func aConfirmedAppendWaitsForItsApplyAndThenSaysItIsInTheLog() {
+        let cl = FakeCluster(hosts: 1)
+        let engine = cl.hosts[0].engine
+        let now = Mutex(0.0)
+        engine.clock = { now.withLock { $0 } }
+        let c = cl.hosts[0].connect()
+        c.post(#"{"rid":1,"op":"update","model":{"id":"A","v":1}}"#)
+        c.post(#"{"rid":2,"op":"update","model":{"id":"B","v":1}}"#)
+        let sent = engine.takeClusterAppends()
+        #expect(sent.count == 2)
+        now.withLock { $0 = 4 }
+        engine.clusterEvent(.appendConfirmed(refs: sent.map(\.ref)))
+        now.withLock { $0 = 6 }  // past the first deadline (5 s), within the confirmed one (4 + 5)
+        engine.expireClusterWaits()
+        cl.hosts[0].pumpPublic()
+        #expect(c.takeResponses().isEmpty)
+        // The first comes back and is answered with its seq; the second never does.
+        cl.log.append(origin: "h0#run", [sent[0]])
+        cl.deliver(0)
+        now.withLock { $0 = 9.5 }
+        engine.expireClusterWaits()
+        cl.hosts[0].pumpPublic()
+        let answers = c.takeResponses()
+        #expect(answers.count == 2)
+        #expect(answers.first?["rid"] == 1 && answers.first?["seq"] == 1)
+        #expect(answers.last?["rid"] == 2 && answers.last?["error"]?["indeterminate"] == true)
+        #expect(answers.last?["error"]?["message"]?.stringValue?.contains("is in the cluster log") == true)
+    }
+
     @Test func syncWaitsForTheLogsHead() {
         let cl = FakeCluster(hosts: 2)
         let a = cl.hosts[0].connect(), b = cl.hosts[1].connect()
