@@ -151,6 +151,8 @@ final class ClusterLink: ClusterLogLink {
     /// The log's start was looked at (snapshot loaded if the log is trimmed); the reader waits for it.
     private var bootstrapped = false
     private var bootstrapping = false
+    /// This host's own copy of the state (ClusterLocalCopy), until bootstrap decided whether it still fits the log.
+    var localCopy: ClusterLocalCopy.Stored?
     /// Rebuilding: the log's truth is being fetched (no reads meanwhile);
     /// reads of an older generation are dropped; a rebuild to retry once connected.
     private var resyncing = false
@@ -487,6 +489,65 @@ final class ClusterLink: ClusterLogLink {
     private func bootstrap() {
         guard !bootstrapping, !bootstrapped else { return }
         bootstrapping = true
+        guard let local = localCopy else { return bootstrapFromLog() }
+        checkLocalCopy(local) { [self] usable, why in
+            guard let usable else {
+                bootstrapping = false  // connection lost: the timer tries again
+                return
+            }
+            localCopy = nil
+            guard usable else {
+                logger.warning("the local copy does not fit the cluster log; joining from the log", metadata: [
+                    "concord.local_offset": "\(local.offset)", "concord.reason": "\(why)",
+                ])
+                return bootstrapFromLog()
+            }
+            logger.info("resuming from the local copy", metadata: ["concord.offset": "\(local.offset)", "concord.seq": "\(local.seq)"])
+            bootstrapping = false
+            bootstrapped = true
+            submit(.loadSnapshot(local.bytes))
+            lastID = local.streamID
+            readOffset = local.offset
+            read()
+        }
+    }
+
+    /// Whether the log still holds what follows the local copy: the same
+    /// epoch, and either the head is the copy's offset with its chain hash,
+    /// or the entry after it (by stream id) is offset + 1 and continues the
+    /// chain from the copy's hash. nil: the connection went (ask again).
+    private func checkLocalCopy(_ local: ClusterLocalCopy.Stored, _ done: @escaping (Bool?, String) -> Void) {
+        guard let ac = writer?.ac, writer?.connected == true else { return done(nil, "") }
+        command(ac, ["HMGET", metaKey, "epoch", "offset", "h"]) { [self] reply in
+            guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY, reply.pointee.elements == 3 else { return done(nil, "") }
+            let epoch = Self.text(reply.pointee.element[0]!) ?? ""
+            let head = Int(Self.text(reply.pointee.element[1]!) ?? "0") ?? 0
+            let h = Self.text(reply.pointee.element[2]!) ?? ""
+            guard epoch == local.epoch else { return done(false, "the log's epoch is '\(epoch)', the copy's '\(local.epoch)' (the log was recreated)") }
+            guard head >= local.offset else { return done(false, "the log's head (\(head)) is below the copy's offset (the log lost entries)") }
+            if head == local.offset { return done(h == local.hash, h == local.hash ? "" : "the log's chain hash at its head differs from the copy's") }
+            guard let w = writer?.ac else { return done(nil, "") }
+            command(w, ["XRANGE", logKey, "(" + local.streamID, "+", "COUNT", "1"]) { next in
+                guard let next, next.pointee.type == REDIS_REPLY_ARRAY else { return done(nil, "") }
+                guard next.pointee.elements == 1 else { return done(false, "the log holds nothing after the copy's stream id") }
+                let fields = next.pointee.element[0]!.pointee.element[1]!
+                var f: [String: String] = [:]
+                var k = 0
+                while k + 1 < fields.pointee.elements {
+                    if let name = Self.text(fields.pointee.element[k]!), name == "o" || name == "p" {
+                        f[name] = Self.text(fields.pointee.element[k + 1]!)
+                    }
+                    k += 2
+                }
+                guard f["o"].flatMap({ Int($0) }) == local.offset + 1 else {
+                    return done(false, "the log no longer holds offset \(local.offset + 1) (trimmed below a newer snapshot)")
+                }
+                done(f["p"] == local.hash, f["p"] == local.hash ? "" : "the entry after the copy does not continue its chain hash")
+            }
+        }
+    }
+
+    private func bootstrapFromLog() {
         findTruth { [self] truth in
             bootstrapping = false
             guard let truth else { return }  // connection lost: the timer tries again

@@ -4,6 +4,10 @@ import ConcordProtocol
 import Logging
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The core's own thread: takes what the loop read, runs it through the
 /// ``Engine`` (which fans view work out to the worker pool), and hands the
 /// resulting bytes back to the loop in one batch per turn.
@@ -82,6 +86,9 @@ final class Sequencer: @unchecked Sendable {
     private let snapshotEvery: Int
     /// A snapshot is being encoded (one at a time).
     private let snapshotting = Atomic<Bool>(false)
+    /// Cluster mode with a local backend: the host's own copy of the state,
+    /// stored at every snapshot point (on the snapshot thread) and at a clean stop.
+    var clusterLocal: ClusterLocalCopy?
 
     private let condition = Condition()
     private var inbox: [Input] = []
@@ -396,16 +403,19 @@ final class Sequencer: @unchecked Sendable {
         let snap = engine.clusterSnapshot()
         let deliver = self.deliver
         let logger = self.logger
+        let local = clusterLocal
         startThread(name: "concord-snap") { [self] in
             let started = monotonicSeconds()
             let bytes = snap.encode()
+            let sum = ClusterLink.fnvHex(bytes)
             var d = Delivery(outputs: [], drained: false, inputTaken: false)
-            d.clusterSnapshot = (snap.offset, snap.streamID, bytes, ClusterLink.fnvHex(bytes))
+            d.clusterSnapshot = (snap.offset, snap.streamID, bytes, sum)
             logger.debug("cluster snapshot encoded", metadata: [
                 "concord.offset": "\(snap.offset)", "concord.bytes": "\(bytes.count)",
                 "concord.ms": "\(Int((monotonicSeconds() - started) * 1000))",
             ])
             deliver(d)
+            local?.store(snap, bytes: bytes, sum: sum)
             snapshotting.store(false, ordering: .relaxed)
         }
     }
@@ -632,11 +642,28 @@ final class Sequencer: @unchecked Sendable {
         }
         engine.isShuttingDown = true
         drainedSent = true
+        storeLocalCopyAtStop()
         let c = engine.counts
         logger.info("core drained", metadata: [
             "concord.seq": "\(engine.seq)", "concord.entities": "\(c.entities)",
             "concord.documents": "\(c.documents)",
         ])
         return true
+    }
+
+    /// A clean stop in cluster mode with a local backend: the state as of the
+    /// last entry applied goes to the local copy (after a snapshot thread
+    /// still storing, if any), so that a restart reads only what followed.
+    private func storeLocalCopyAtStop() {
+        guard let local = clusterLocal, engine.clusterBroken == nil, engine.clusterAppliedOffset > 0 else { return }
+        let deadline = monotonicSeconds() + 60
+        while snapshotting.exchange(true, ordering: .relaxed) {
+            guard monotonicSeconds() < deadline else { return }
+            usleep(10_000)
+        }
+        let snap = engine.clusterSnapshot()
+        let bytes = snap.encode()
+        local.store(snap, bytes: bytes, sum: ClusterLink.fnvHex(bytes))
+        snapshotting.store(false, ordering: .relaxed)
     }
 }

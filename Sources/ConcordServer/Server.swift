@@ -46,6 +46,8 @@ public final class Server {
     var metricsEndpoint: MetricsEndpoint?
     /// Cluster mode: the link to the shared log (on this loop).
     var clusterLink: (any ClusterLogLink)?
+    /// Cluster mode with a local backend: this host's copy of the state (closed after the loop).
+    var clusterLocal: ClusterLocalCopy?
     /// Cluster mode: listening began late (after catching up) and failed.
     var lateStartupFailure: StartupError?
 
@@ -168,6 +170,19 @@ public final class Server {
                 endpoint: endpoint, settings: cluster.settings, engineVersion: "concord-\(e.version)/log-2",
                 optionsFingerprint: "id_key=\(e.idKey) max_depth=\(e.maxDepth) history_mutations=\(e.historyMutations) history_entities=\(e.historyEntities) token_retention=\(e.tokenRetention) token_memory=\(e.tokenBytes)",
                 snapshotEvery: cluster.snapshotEvery), loop: loop, logger: logger, sequencer: sequencer)
+            if let spec = cluster.localCache {
+                // Opened and read here, before the loop runs: never on the loop.
+                let backend: Backend
+                do {
+                    backend = try Backend.open(spec: spec, configJSON: cluster.localCacheConfig, logger: logger)
+                } catch {
+                    throw StartupError(description: error.description)
+                }
+                let copy = ClusterLocalCopy(backend: backend, cluster: cluster.settings.name, logger: logger)
+                link.localCopy = copy.read()
+                sequencer.clusterLocal = copy
+                clusterLocal = copy
+            }
             link.start()
             clusterLink = link
         }
@@ -202,6 +217,7 @@ public final class Server {
         signal(SIGTERM, SIG_IGN)
         signal(SIGINT, SIG_IGN)
         let unstored = sequencer.stopStorage()
+        clusterLocal?.close()
         unlink(configuration.socketPath)
         if unstored > 0 {
             logger.critical("concord-server stopped with records the cache backend did not store", metadata: [

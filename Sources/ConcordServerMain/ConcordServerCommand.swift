@@ -187,11 +187,11 @@ struct ConcordServerCommand: ParsableCommand {
             guard let name = clusterName, !name.isEmpty, !name.contains("{"), !name.contains("}") else {
                 throw ValidationError("--cluster needs --cluster-name NAME (no braces: it becomes the log's Redis hash tag)")
             }
-            if cache != "memory" && cache != "none" {
-                throw ValidationError("--cluster runs with the embedded store only (--cache none): a local backend as a write-behind copy of the log's state is not built yet")
+            if cacheMaxBytes != nil || cacheTtl != nil || memoryLimit > 0 {
+                throw ValidationError("--cluster: every host must hold the whole state, so --cache-ttl, --cache-max-bytes and --memory-limit (which evict or expire by size and clock) are refused")
             }
-            if cachePath != nil || cacheMaxBytes != nil || cacheTtl != nil || memoryLimit > 0 {
-                throw ValidationError("--cluster: every host must hold the whole state, so --cache-ttl, --cache-max-bytes, --cache-path and --memory-limit (which evict or expire by size and clock) are refused")
+            if cachePath != nil && (cache == "memory" || cache == "none") {
+                throw ValidationError("--cluster: --cache-path needs a persistent --cache (e.g. sqlite) for the host's local copy of the state")
             }
             if durability != "async" {
                 throw ValidationError("--cluster: an acknowledged mutation is as durable as the log (see docs/OPERATIONS.md); --durability sync applies to a local backend only")
@@ -280,6 +280,11 @@ struct ConcordServerCommand: ParsableCommand {
             let origin = "\(host)#\(getpid())-\(String(r.next() & 0xffff_ffff, radix: 16))"
             config.cluster = ClusterConfiguration(url: url, settings: ClusterSettings(name: name, host: host, origin: origin, timeout: clusterTimeout))
             config.cluster?.snapshotEvery = clusterSnapshotEntries
+            if cache != "memory" && cache != "none" {
+                // The host's own copy of the state on disk (resumed from at a restart); the core itself runs as with --cache none.
+                config.cluster?.localCache = cache
+                config.cluster?.localCacheConfig = config.cacheConfig
+            }
         }
         config.durability = Durability(rawValue: durability) ?? .async
         config.memoryLimit = memoryLimit

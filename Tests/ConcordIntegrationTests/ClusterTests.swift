@@ -330,6 +330,82 @@ struct ClusterTests {
         #expect(a.stderr.contains("cluster state digests differ"))
     }
 
+    /// `--cache sqlite` in cluster mode: the host's own copy of the state.
+    /// Stopped cleanly, or killed after a snapshot point, it resumes from its
+    /// disk and reads only what followed; when the log no longer holds what
+    /// follows its copy (trimmed past it), it joins from the log's snapshot.
+    /// Every time it ends with the same state and seq as the other host.
+    @Test func aHostResumesFromItsLocalCopyWhileTheLogHoldsWhatFollows() throws {
+        let redis = try RedisProcess()
+        let every = ["--cluster-snapshot-entries", "20"]
+        let disk = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("concord-local-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: disk, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: disk) }
+        let local = every + ["--cache", "sqlite", "--cache-path", disk.appendingPathComponent("h1.db").path]
+        let a = try Self.host(redis, "h0", every)
+        let first = try Self.host(redis, "h1", local)
+        var b = first
+        var gone: [ServerProcess] = []  // the first owns the directory its successors reuse
+        try Self.waitAttached([a, b])
+        let ca = try a.connect()
+        var written = 0
+        func write(to n: Int) throws {  // one log entry per request
+            while written < n {
+                #expect(try ca.request(#"{"op":"update","model":{"id":"E\#(written % 25)","i":\#(written)}}"#)["seq"] == .int(written + 1))
+                written += 1
+            }
+        }
+        func same() throws {
+            var views: [String] = []
+            for h in [a, b] {
+                let c = try h.connect()
+                var all = try c.request(#"{"op":"sync"}"#)["seq"]!.compactString
+                for i in 0..<25 { all += try c.request(#"{"op":"get","id":"E\#(i)"}"#)["model"]?.compactString ?? "none" }
+                views.append(all)
+                #expect(try c.request(#"{"op":"ping"}"#)["cluster"]?["digest_mismatches"] == 0)
+            }
+            #expect(views[0] == views[1])
+            #expect(views[1].hasPrefix("\(written)"))
+        }
+        func restart() throws {
+            gone.append(b)
+            b = try Self.host(redis, "h1", local, directory: first.directory)
+            try Self.waitAttached([b])
+        }
+
+        // A clean stop stores the state at the last entry; the restart reads only what follows.
+        try write(to: 50)
+        _ = try b.connect().request(#"{"op":"sync"}"#)
+        #expect(b.stop() == 0)
+        try write(to: 60)
+        try restart()
+        #expect(b.stderr.contains("concord.offset=50 concord.seq=50 [ConcordServer] resuming from the local copy"), "\(b.stderr.suffix(2000))")
+        try same()
+
+        // kill -9: the copy of the last snapshot point (offset 80) is resumed from.
+        try write(to: 85)
+        try waitUntil("the local copy at offset 80") { b.stderr.contains("concord.offset=80 [ConcordServer] cluster state stored in the local copy") }
+        b.kill9()
+        try write(to: 95)
+        try restart()
+        #expect(b.stderr.contains("concord.offset=80 concord.seq=80 [ConcordServer] resuming from the local copy"), "\(b.stderr.suffix(2000))")
+        try same()
+
+        // Killed again, and the log moves on past two snapshot points: it is
+        // trimmed below the older one, so what follows the copy is gone.
+        b.kill9()
+        try write(to: 200)
+        try waitUntil("the log trimmed past offset 101") {
+            let first = try redis.cli(["XRANGE", "concord:{t}:log", "-", "+", "COUNT", "1"])
+            return first.contains("\n120\n") || first.contains("\n140\n") || first.contains("\n160\n") || first.contains("\n180\n")
+        }
+        try restart()
+        #expect(b.stderr.contains("the local copy does not fit the cluster log; joining from the log"), "\(b.stderr.suffix(2000))")
+        #expect(b.stderr.contains("loaded the cluster snapshot"))
+        try same()
+        #expect(gone.count == 3)
+    }
+
     @Test func aWipedLogIsDetectedAndTheHostsRebuildFromWhatItHolds() throws {
         let redis = try RedisProcess()
         let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
@@ -475,8 +551,10 @@ struct ClusterTests {
         let bad: [[String]] = [
             ["--cluster", "redis://127.0.0.1:1"],  // no name
             ["--cluster", "http://x", "--cluster-name", "t"],
-            ["--cluster", "redis://127.0.0.1:1", "--cluster-name", "t", "--cache", "sqlite"],
+            ["--cluster", "redis://127.0.0.1:1", "--cluster-name", "t", "--cache-path", "/tmp/x.db"],  // the memory backend keeps no copy
+            ["--cluster", "redis://127.0.0.1:1", "--cluster-name", "t", "--cache", "sqlite", "--memory-limit", "1000000"],
             ["--cluster", "redis://127.0.0.1:1", "--cluster-name", "t", "--cache-ttl", "5"],
+            ["--cluster", "redis://127.0.0.1:1", "--cluster-name", "t", "--cache", "sqlite", "--durability", "sync"],
             ["--cluster-name", "t"],
         ]
         for args in bad {
