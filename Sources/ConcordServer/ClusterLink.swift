@@ -767,11 +767,10 @@ final class ClusterLink: ClusterLogLink {
     /// XADDs — one round trip, atomic. The entry's time ("now" for the
     /// core) is the millisecond part of its stream ID: Redis's clock at the
     /// append, never going backwards within a stream, the same on every
-    /// host. Five `redis.call`s per entry; each costs Redis ~4 µs of user
-    /// CPU here (OPERATIONS "Redis CPU per entry").
+    /// host. Four `redis.call`s per entry (the token's key is set with NX
+    /// only after the checks, so a refused entry leaves no token behind);
+    /// see OPERATIONS "Costs measured here" for what an entry costs Redis.
     static let script = """
-        local seen = redis.call('GET', KEYS[3])
-        if seen then return {'dup', seen} end
         local m = redis.call('HMGET', KEYS[1], 'engine', 'options', 'epoch', 'offset', 'h')
         if not m[1] then
           local t = redis.call('TIME')
@@ -784,11 +783,11 @@ final class ClusterLink: ClusterLogLink {
         if m[2] ~= ARGV[2] then
           return redis.error_reply('CONCORD the cluster runs with options ' .. m[2] .. '; this host with ' .. ARGV[2])
         end
+        if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[7]) then return {'dup', '0'} end
         local off = tonumber(m[4]) + 1
         local h = redis.sha1hex(m[5] .. ARGV[3])
         redis.call('XADD', KEYS[2], '*', 'o', tostring(off), 'p', m[5], 'h', h, 'e', m[3], 'g', ARGV[4], 'k', ARGV[3], 'm', ARGV[5])
         redis.call('HSET', KEYS[1], 'offset', tostring(off), 'h', h)
-        redis.call('SET', KEYS[3], tostring(off), 'PX', ARGV[7])
         return {'ok', tostring(off)}
         """
 
@@ -833,7 +832,10 @@ final class ClusterLink: ClusterLogLink {
 
     private func flush() {
         guard let ac = writer?.ac, writer?.connected == true, let sha = scriptSHA, !queue.isEmpty else { return }
-        let ttl = String(Int(max(600, options.settings.timeout * 20) * 1000))
+        // A token is only sent again within --cluster-timeout (then the host
+        // gives up): its key outlives that with a wide margin, and no more —
+        // at 1,000 entries/s each second of TTL is ~1,000 keys in Redis.
+        let ttl = String(Int(max(60, options.settings.timeout * 4) * 1000))
         for var a in queue {
             a.sent = true
             inFlight[a.token] = a
