@@ -21,11 +21,12 @@ func clusterRedis(fsync: String) throws -> ServerProc {
 }
 
 /// `count` hosts of cluster `name` on the Redis at `log`; each is returned once it listens (it binds only when caught up).
-func clusterHosts(_ count: Int, log: String, name: String) throws -> [(ServerProc, ConcordSystem)] {
+func clusterHosts(_ count: Int, log: String, name: String, snapshotEvery: Int) throws -> [(ServerProc, ConcordSystem)] {
     try (0..<count).map { i in
         let sock = dir + "/h\(i).sock"
         let p = try ServerProc(options.server, ["--socket", sock, "--cluster", "unix://" + log, "--cluster-name", name,
-                                                "--cluster-host", "h\(i)", "--threads", "2", "--log-level", "error"], socket: sock)
+                                                "--cluster-host", "h\(i)", "--cluster-snapshot-entries", "\(snapshotEvery)",
+                                                "--threads", "2", "--log-level", "error"], socket: sock)
         return (p, ConcordSystem(socket: sock))
     }
 }
@@ -186,4 +187,31 @@ func clusterSaturation(hosts: [(ServerProc, ConcordSystem)], writersPerHost: Int
         s.redisCPUPerEntryUs = rcpu / Double(max(1, s.entries)) * 1e6
     }
     return s
+}
+
+struct JoinResult {
+    var entities = 0
+    var listening = 0.0
+    var synced = 0.0
+    var hostRSS = 0
+}
+
+/// `entities` documents (each holding one entity) written through host 0,
+/// then a new host joins: seconds until it listens (it binds once caught up:
+/// newest snapshot loaded, the log after it replayed) and until its `sync`.
+func clusterJoin(hosts: [(ServerProc, ConcordSystem)], log: String, name: String, entities: Int, snapshotEvery: Int) throws -> JoinResult {
+    try hosts[0].1.prepare(channels: entities, offset: 0)
+    for h in hosts { try syncHost(h.1) }
+    let sock = dir + "/joiner.sock"
+    let start = nowNanos()
+    let p = try ServerProc(options.server, ["--socket", sock, "--cluster", "unix://" + log, "--cluster-name", name,
+                                            "--cluster-host", "joiner", "--cluster-snapshot-entries", "\(snapshotEvery)",
+                                            "--threads", "2", "--log-level", "error"], socket: sock, waitSeconds: 120)
+    defer { p.stop() }
+    var r = JoinResult(entities: entities)
+    r.listening = seconds(since: start)
+    try syncHost(ConcordSystem(socket: sock))
+    r.synced = seconds(since: start)
+    r.hostRSS = p.rssBytes
+    return r
 }

@@ -140,7 +140,7 @@ final class ServerProc {
     let process = Process()
     let socket: String
 
-    init(_ path: String, _ args: [String], socket: String) throws {
+    init(_ path: String, _ args: [String], socket: String, waitSeconds: Double = 5) throws {
         self.socket = socket
         unlink(socket)
         process.executableURL = URL(fileURLWithPath: path)
@@ -148,7 +148,7 @@ final class ServerProc {
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
         try process.run()
-        for _ in 0..<500 {
+        for _ in 0..<Int(waitSeconds * 100) {
             if (try? Conn(socket)) != nil { return }
             usleep(10_000)
         }

@@ -366,7 +366,7 @@ do {
         }
         let name = "bench\(fsync)"
         let rp = try clusterRedis(fsync: fsync)
-        let hosts = try clusterHosts(3, log: rp.socket, name: name)
+        let hosts = try clusterHosts(3, log: rp.socket, name: name, snapshotEvery: 10_000)
         defer { for h in hosts { h.0.stop() }; rp.stop() }
         let tag = fsync == "always" ? "cluster_always" : "cluster"
         for rate in fsync == "always" ? [1000.0] : [1000.0, 5000.0] {
@@ -404,6 +404,21 @@ do {
         rows.append(("\(tag) saturated: CPU µs per mutation, each host",
                      sat.hostCPUPerMutationUs.map { String(format: "%.1f", $0) }.joined(separator: " / "), "-",
                      String(format: "alone %.1f", a.hostCPUPerMutationUs.first ?? 0)))
+        if fsync == "everysec" {
+            // Its own cluster (one host, a snapshot every 200 entries), so the joiner loads a snapshot and replays the rest.
+            for h in hosts { h.0.stop() }
+            rp.stop()
+            let jr = try clusterRedis(fsync: fsync)
+            let jh = try clusterHosts(1, log: jr.socket, name: "join", snapshotEvery: 200)
+            defer { for h in jh { h.0.stop() }; jr.stop() }
+            let n = options.full ? 1_000_000 : 100_000
+            let j = try clusterJoin(hosts: jh, log: jr.socket, name: "join", entities: n, snapshotEvery: 200)
+            let label = n >= 1_000_000 ? "1M" : "100k"
+            results["cluster_join_\(label)_listening_s"] = j.listening
+            results["cluster_join_\(label)_synced_s"] = j.synced
+            rows.append(("cluster: a host joins with \(label) entities (snapshot + replay): s to listening; to sync",
+                         String(format: "%.1f; %.1f", j.listening, j.synced), "-", "-"))
+        }
     }
 } catch {
     FileHandle.standardError.write(Data("concord-bench: \(error)\n".utf8))
