@@ -196,11 +196,21 @@ struct JoinResult {
     var hostRSS = 0
 }
 
-/// `entities` documents (each holding one entity) written through host 0,
-/// then a new host joins: seconds until it listens (it binds once caught up:
-/// newest snapshot loaded, the log after it replayed) and until its `sync`.
+/// `entities` entities (the usual ~200-byte payload) written through host 0,
+/// pipelined, then a new host joins: seconds until it listens (it binds
+/// once caught up: newest snapshot loaded, the log after it replayed) and
+/// until its `sync`.
 func clusterJoin(hosts: [(ServerProc, ConcordSystem)], log: String, name: String, entities: Int, snapshotEvery: Int) throws -> JoinResult {
-    try hosts[0].1.prepare(channels: entities, offset: 0)
+    let c = try Conn(hosts[0].1.socket)
+    var i = 0
+    while i < entities {
+        let n = min(512, entities - i)
+        var buf: [UInt8] = []
+        for k in i..<(i + n) { buf += hosts[0].1.publish(k, stamp: 0, unique: k) }
+        c.write(buf)
+        c.skipLines(n)
+        i += n
+    }
     for h in hosts { try syncHost(h.1) }
     let sock = dir + "/joiner.sock"
     let start = nowNanos()

@@ -408,11 +408,12 @@ do {
             // Its own cluster (one host, a snapshot every 200 entries), so the joiner loads a snapshot and replays the rest.
             for h in hosts { h.0.stop() }
             rp.stop()
-            let jr = try clusterRedis(fsync: fsync)
-            let jh = try clusterHosts(1, log: jr.socket, name: "join", snapshotEvery: 200)
-            defer { for h in jh { h.0.stop() }; jr.stop() }
             let n = options.full ? 1_000_000 : 100_000
-            let j = try clusterJoin(hosts: jh, log: jr.socket, name: "join", entities: n, snapshotEvery: 200)
+            let every = max(100, n / 140 / 3)  // ~140 mutations per entry when pipelined: about three snapshot points
+            let jr = try clusterRedis(fsync: fsync)
+            let jh = try clusterHosts(1, log: jr.socket, name: "join", snapshotEvery: every)
+            defer { for h in jh { h.0.stop() }; jr.stop() }
+            let j = try clusterJoin(hosts: jh, log: jr.socket, name: "join", entities: n, snapshotEvery: every)
             let label = n >= 1_000_000 ? "1M" : "100k"
             results["cluster_join_\(label)_listening_s"] = j.listening
             results["cluster_join_\(label)_synced_s"] = j.synced
