@@ -79,13 +79,26 @@ func run(_ body: () async throws -> Void) async throws {
 
 // MARK: Commands
 
+/// `--min-seq` / `--timeout-ms` of the reads that may wait for a seq (PROTOCOL §8.3).
+struct WaitOptions: ParsableArguments {
+    @Option(help: "Answer once this server has applied through this seq (e.g. a write's seq on another cluster host).")
+    var minSeq: Int?
+    @Option(help: "With --min-seq: give up after this many milliseconds (the server answers unavailable; default 5000).")
+    var timeoutMs: Int?
+
+    func validate() throws {
+        if timeoutMs != nil && minSeq == nil { throw ValidationError("--timeout-ms goes with --min-seq") }
+    }
+}
+
 struct Ping: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Print the last applied mutation's seq.")
     @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var wait: WaitOptions
     func run() async throws {
         try await ConcordCLI.run {
             let c = try await connection.connect()
-            out(String(try await c.ping()))
+            out(String(try await c.ping(minSeq: wait.minSeq, timeoutMs: wait.timeoutMs)))
         }
     }
 }
@@ -125,6 +138,7 @@ struct Get: AsyncParsableCommand {
     @Option(help: "Name of a collection.") var collection: String?
     @Option(help: #"A live query (JSON), e.g. '{"type":"Post","where":{"path":"author.id","eq":"Person:1"},"order":[{"path":"date","desc":true}],"limit":20}'; prints {"items":[…],"count":n}."#)
     var query: String?
+    @OptionGroup var wait: WaitOptions
 
     func validate() throws {
         if [key, id, collection, query].compactMap({ $0 }).count != 1 {
@@ -135,12 +149,13 @@ struct Get: AsyncParsableCommand {
     func run() async throws {
         try await ConcordCLI.run {
             let c = try await connection.connect()
-            if let key { out((try await c.get(key: key).model ?? .null).compactString) }
-            if let id { out((try await c.get(id: id).model ?? .null).compactString) }
-            if let collection { out(JSON.array(try await c.get(collection: collection).items).compactString) }
+            let (m, t) = (wait.minSeq, wait.timeoutMs)
+            if let key { out((try await c.get(key: key, minSeq: m, timeoutMs: t).model ?? .null).compactString) }
+            if let id { out((try await c.get(id: id, minSeq: m, timeoutMs: t).model ?? .null).compactString) }
+            if let collection { out(JSON.array(try await c.get(collection: collection, minSeq: m, timeoutMs: t).items).compactString) }
             if let query {
                 let spec = try parseJSON(query, what: "--query")
-                let r = try await c.get(query: ConcordQuery(raw: spec, type: spec["type"]?.stringValue ?? ""))
+                let r = try await c.get(query: ConcordQuery(raw: spec, type: spec["type"]?.stringValue ?? ""), minSeq: m, timeoutMs: t)
                 out((["items": .array(r.items), "count": .int(r.count)] as JSON).compactString)
             }
         }
@@ -297,6 +312,7 @@ struct Subscribe: AsyncParsableCommand {
     @Flag(help: "Print the subscribe answer (initial state) first.") var initial = false
     @Option(help: "Resume: the seq of the state you hold; an unchanged view answers unchanged, a feed replays what changed after it.")
     var since: Int?
+    @OptionGroup var wait: WaitOptions
 
     func validate() throws {
         let n = [key != nil, collection != nil, ids != nil, feed, model != nil, query != nil].filter { $0 }.count
@@ -314,7 +330,7 @@ struct Subscribe: AsyncParsableCommand {
         else { target = .query(try Self.query(try parseJSON(query!, what: "--query"))) }
         try await ConcordCLI.run {
             let c = try await connection.connect()
-            let sub = try await c.subscribe(target, keepEveryEvent: true, since: since)
+            let sub = try await c.subscribe(target, keepEveryEvent: true, since: since, minSeq: wait.minSeq, timeoutMs: wait.timeoutMs)
             if initial {
                 var o: JSON = sub.unchanged ? ["seq": .int(sub.seq), "unchanged": true] : ["seq": .int(sub.seq), "initial": sub.initial]
                 if let count = sub.count { o = ["seq": .int(sub.seq), "initial": sub.initial, "count": .int(count)] }

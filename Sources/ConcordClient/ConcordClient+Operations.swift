@@ -69,9 +69,17 @@ extension ConcordClient {
 
     /// The last applied mutation; also a barrier: every event of every
     /// mutation up to it was delivered to this connection before it returns.
+    /// With `minSeq` (PROTOCOL §8.3), answered once this server has applied
+    /// through that seq (another host's write, in cluster mode), or
+    /// ``ConcordError`` `unavailable` after `timeoutMs` (server default 5 s).
     @discardableResult
-    public func ping() async throws -> Int {
-        try await op("ping")["seq"]?.numberValue?.intValue ?? 0
+    public func ping(minSeq: Int? = nil, timeoutMs: Int? = nil) async throws -> Int {
+        try await op("ping", Self.waitMembers(minSeq, timeoutMs))["seq"]?.numberValue?.intValue ?? 0
+    }
+
+    /// `min_seq` and `timeout_ms` for a read that waits for a seq (nil: not sent).
+    static func waitMembers(_ minSeq: Int?, _ timeoutMs: Int?) -> [(String, JSON?)] {
+        [("min_seq", minSeq.map { .int($0) }), ("timeout_ms", minSeq == nil ? nil : timeoutMs.map { .int($0) })]
     }
 
     /// The `stats` object; with `clients`, also `"clients"`: one object per
@@ -111,28 +119,33 @@ extension ConcordClient {
     }
 
     // MARK: Reads
+    //
+    // Every read takes `minSeq` (PROTOCOL §8.3): answered once this server
+    // has applied through that seq — e.g. the seq another host answered to a
+    // write, in cluster mode — or ``ConcordError`` `unavailable` after
+    // `timeoutMs` (server default 5 s).
 
     /// The document under `key` (nil when none) and the `seq` it is as of.
-    public func get(key: String) async throws -> (model: JSON?, seq: Int) {
-        let r = try await op("get", [("key", .string(key))])
+    public func get(key: String, minSeq: Int? = nil, timeoutMs: Int? = nil) async throws -> (model: JSON?, seq: Int) {
+        let r = try await op("get", [("key", .string(key))] + Self.waitMembers(minSeq, timeoutMs))
         return (r["model"].flatMap { $0.isNull ? nil : $0 }, r["seq"]?.numberValue?.intValue ?? 0)
     }
 
     /// The current version of an entity (nil when unknown).
-    public func get(id: String) async throws -> (model: JSON?, seq: Int) {
-        let r = try await op("get", [("id", .string(id))])
+    public func get(id: String, minSeq: Int? = nil, timeoutMs: Int? = nil) async throws -> (model: JSON?, seq: Int) {
+        let r = try await op("get", [("id", .string(id))] + Self.waitMembers(minSeq, timeoutMs))
         return (r["model"].flatMap { $0.isNull ? nil : $0 }, r["seq"]?.numberValue?.intValue ?? 0)
     }
 
     /// A collection's items (`[]` when it does not exist).
-    public func get(collection: String) async throws -> (items: [JSON], seq: Int) {
-        let r = try await op("get", [("collection", .string(collection))])
+    public func get(collection: String, minSeq: Int? = nil, timeoutMs: Int? = nil) async throws -> (items: [JSON], seq: Int) {
+        let r = try await op("get", [("collection", .string(collection))] + Self.waitMembers(minSeq, timeoutMs))
         return (r["items"]?.arrayValue ?? [], r["seq"]?.numberValue?.intValue ?? 0)
     }
 
     /// A query's window (current values), how many entities match, and the `seq` it is as of.
-    public func get(query: ConcordQuery) async throws -> (items: [JSON], count: Int, seq: Int) {
-        let r = try await op("get", [("query", query.json)])
+    public func get(query: ConcordQuery, minSeq: Int? = nil, timeoutMs: Int? = nil) async throws -> (items: [JSON], count: Int, seq: Int) {
+        let r = try await op("get", [("query", query.json)] + Self.waitMembers(minSeq, timeoutMs))
         return (r["items"]?.arrayValue ?? [], r["count"]?.numberValue?.intValue ?? 0, r["seq"]?.numberValue?.intValue ?? 0)
     }
 

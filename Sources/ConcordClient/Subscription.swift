@@ -249,15 +249,20 @@ extension ConcordClient {
     /// ``Subscription/unchanged`` and no value; a feed first gets the entity
     /// changes after it replayed as events (or ``ConcordEvent/truncated(seq:)``
     /// when the server's history no longer reaches back).
+    ///
+    /// With `minSeq` (PROTOCOL §8.3) the subscription is answered once this
+    /// server has applied through that seq (another host's write, in cluster
+    /// mode), or throws `unavailable` after `timeoutMs` (server default 5 s).
     public func subscribe(_ target: SubscriptionTarget, name: String? = nil, keepEveryEvent: Bool = false,
-                          since: Int? = nil) async throws -> Subscription {
-        try await subscribe(target, name: name, handler: nil, keepEveryEvent: keepEveryEvent, since: since)
+                          since: Int? = nil, minSeq: Int? = nil, timeoutMs: Int? = nil) async throws -> Subscription {
+        try await subscribe(target, name: name, handler: nil, keepEveryEvent: keepEveryEvent, since: since,
+                            minSeq: minSeq, timeoutMs: timeoutMs)
     }
 
     /// Subscribes with events delivered to `handler` on the reader thread, in
     /// order, before any later response resumes its caller.
     func subscribe(_ target: SubscriptionTarget, name: String?, handler: (@Sendable (ConcordEvent) -> Void)?,
-                   keepEveryEvent: Bool = false, since: Int? = nil) async throws -> Subscription {
+                   keepEveryEvent: Bool = false, since: Int? = nil, minSeq: Int? = nil, timeoutMs: Int? = nil) async throws -> Subscription {
         let name = name ?? generatedName("s")
         var coalesce: Bool
         switch target {
@@ -276,6 +281,7 @@ extension ConcordClient {
         var o = state.subscribeRequest(resync: false)
         o["op"] = "subscribe"
         if let since { o["since"] = .int(since) }
+        for (k, v) in Self.waitMembers(minSeq, timeoutMs) { if let v { o[k] = v } }
         do {
             let r = try await request(o)
             let seq = r["seq"]?.numberValue?.intValue ?? 0

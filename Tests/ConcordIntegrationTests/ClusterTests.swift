@@ -1,3 +1,4 @@
+import ConcordClient
 import ConcordJSON
 import ConcordTestServer
 import Foundation
@@ -406,6 +407,42 @@ struct ClusterTests {
         #expect(gone.count == 3)
     }
 
+    /// The SDK and the CLI, unchanged, against two hosts: a write through
+    /// one host is read on the other with `minSeq` / `--min-seq` (a read
+    /// waits for that seq), a subscription with `minSeq` starts from it, and a
+    /// seq nobody reached is `unavailable` after the timeout.
+    @Test func theSDKAndTheCLIReadAnotherHostsWritesWithMinSeq() async throws {
+        let redis = try RedisProcess()
+        let a = try Self.host(redis, "h0"), b = try Self.host(redis, "h1")
+        try Self.waitAttached([a, b])
+        let ca = try await ConcordClient.connect(socketPath: a.socketPath)
+        let cb = try await ConcordClient.connect(socketPath: b.socketPath)
+        defer { ca.close(); cb.close() }
+        var seq = 0
+        for i in 1...20 { seq = try await ca.update(["id": "M:1", "n": .int(i)]) }
+        let got = try await cb.get(id: "M:1", minSeq: seq)
+        #expect(got.model?["n"] == 20 && got.seq >= seq)
+        let sub = try await cb.subscribe(.ids(["M:1"]), minSeq: seq)
+        #expect(sub.seq >= seq && sub.initial["M:1"]?["n"] == 20)
+        #expect(try await cb.ping(minSeq: seq) >= seq)
+        do {
+            _ = try await cb.get(id: "M:1", minSeq: seq + 1000, timeoutMs: 200)
+            Issue.record("a seq no host reached was answered")
+        } catch let e as ConcordError {
+            #expect(e.code == .unavailable)
+        }
+        // The CLI: a write on a, read on b at that seq.
+        let w = try CLITests.concord(["update", #"{"id":"M:2","n":1}"#], socket: a.socketPath)
+        let written = Int(w.1.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+        #expect(written > seq)
+        let r = try CLITests.concord(["get", "--id", "M:2", "--min-seq", String(written)], socket: b.socketPath)
+        #expect(r.1.json == #"{"id":"M:2","n":1}"#.json)
+        #expect(try CLITests.concord(["ping", "--min-seq", String(written)], socket: b.socketPath).0 == 0)
+        let late = try CLITests.concord(["get", "--id", "M:2", "--min-seq", String(written + 1000), "--timeout-ms", "200"], socket: b.socketPath)
+        #expect(late.0 != 0 && late.2.contains("unavailable"))
+        #expect(try CLITests.concord(["sync"], socket: b.socketPath).1 == "\(written)\n")
+    }
+
     @Test func aWipedLogIsDetectedAndTheHostsRebuildFromWhatItHolds() throws {
         let redis = try RedisProcess()
         let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
@@ -480,10 +517,12 @@ struct ClusterTests {
         #expect(try Self.state(host.connect()) == "attached")
     }
 
-    /// Rounds of kill -9 of one host while the other two take writes
-    /// (3 rounds; CONCORD_SOAK=1: 10), snapshots every 50 entries. After
-    /// each: the victim restarts and catches up; every acknowledged write is
-    /// on every host with its seq; the hosts agree and no digest differs.
+    /// Rounds of kill -9 of one host while all three take writes (3 rounds;
+    /// CONCORD_SOAK=1: 10), snapshots every 50 entries. After each: the
+    /// victim restarts and catches up; every acknowledged write (the
+    /// victim's before it died too) is on every host; the hosts agree and no
+    /// digest differs. At the end a fresh host, from the log alone, holds
+    /// every acknowledged write.
     @Test func killingHostsUnderLoadLosesNothingAcknowledged() throws {
         let rounds = ProcessInfo.processInfo.environment["CONCORD_SOAK"] == nil ? 3 : 10
         let redis = try RedisProcess()
@@ -494,21 +533,28 @@ struct ClusterTests {
         var killed: [ServerProcess] = []  // they own the directories their successors reuse
         for round in 0..<rounds {
             let victim = round % 3
-            let writers = (0..<3).filter { $0 != victim }
             let results = LockedList<(String, Int)>()
             let group = DispatchGroup()
-            for w in writers {
+            let victimAnswered = DispatchSemaphore(value: 0)
+            // Every host writes, the victim too: what it acknowledged before
+            // dying must be on every host like the rest.
+            for w in 0..<3 {
                 let c = try hosts[w].connect()
+                let isVictim = w == victim
                 DispatchQueue.global().async(group: group) {
                     var lines = ""
                     for i in 0..<120 { lines += #"{"rid":"W:\#(round):\#(w):\#(i)","op":"update","model":{"id":"W:\#(round):\#(w):\#(i)","i":\#(i)}}"# + "\n" }
                     try? c.write(lines)
-                    for _ in 0..<120 {
-                        guard let r = try? c.response(), let rid = r["rid"]?.stringValue, let s = r["seq"]?.numberValue?.intValue else { continue }
+                    for k in 0..<120 {
+                        if isVictim && k == 10 { victimAnswered.signal() }
+                        guard let r = try? c.response() else { break }  // the victim's connection ends with it
+                        guard let rid = r["rid"]?.stringValue, let s = r["seq"]?.numberValue?.intValue else { continue }
                         results.append((rid, s))
                     }
+                    if isVictim { victimAnswered.signal() }
                 }
             }
+            _ = victimAnswered.wait(timeout: .now() + 5)
             let dir = hosts[victim].directory
             hosts[victim].kill9()
             killed.append(hosts[victim])
@@ -517,14 +563,15 @@ struct ClusterTests {
             group.wait()
             try Self.waitAttached(hosts)
             for (id, s) in results.all { acked[id] = s }
-            #expect(acked.count == (round + 1) * 240)
+            // The two others' 240, and what the victim answered before it died (some of its 120).
+            #expect(results.all.filter { !$0.0.hasPrefix("W:\(round):\(victim):") }.count == 240)
             var seqs: Set<Int> = []
             for h in hosts {
                 let c = try h.connect()
                 let top = try c.request(#"{"op":"sync"}"#)["seq"]?.numberValue?.intValue ?? -1
                 seqs.insert(top)
-                // Every acknowledged write, with its own value, on every host (a sample of 40 per round).
-                for (id, _) in acked.sorted(by: { $0.key < $1.key }).filter({ $0.key.hasPrefix("W:\(round):") }).prefix(40) {
+                // Every acknowledged write of the round, with its own value, on every host.
+                for (id, _) in acked.sorted(by: { $0.key < $1.key }).filter({ $0.key.hasPrefix("W:\(round):") }) {
                     let i = Int(id.split(separator: ":").last!)!
                     #expect(try c.request(#"{"op":"get","id":"\#(id)"}"#)["model"]?["i"] == .int(i), "\(id) on a host after round \(round)")
                 }
@@ -533,6 +580,17 @@ struct ClusterTests {
             #expect(seqs.count == 1, "hosts at different seqs after sync: \(seqs)")
         }
         #expect(Set(acked.values).count == acked.count, "two acknowledged writes share a seq")
+        // One more host, started at the end: it loads the log's newest snapshot and
+        // replays the log after it, and must hold every acknowledged write with its seq.
+        let fresh = try Self.host(redis, "h9", opts)
+        try Self.waitAttached([fresh])
+        let c = try fresh.connect()
+        let top = try c.request(#"{"op":"sync"}"#)["seq"]?.numberValue?.intValue ?? -1
+        #expect(top == (try hosts[0].connect().request(#"{"op":"sync"}"#)["seq"]?.numberValue?.intValue))
+        for (id, _) in acked {
+            let i = Int(id.split(separator: ":").last!)!
+            #expect(try c.request(#"{"op":"get","id":"\#(id)"}"#)["model"]?["i"] == .int(i), "\(id) on the fresh host")
+        }
     }
 
     @Test func aHostWithOtherOutcomeChangingOptionsIsRefusedByTheLog() throws {
