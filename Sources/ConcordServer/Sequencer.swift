@@ -373,9 +373,8 @@ final class Sequencer: @unchecked Sendable {
                 let snap = try bytes.map { b throws(ClusterSnapshot.DecodeError) in try ClusterSnapshot.decode(b, maxDepth: engine.configuration.maxDepth) }
                 try engine.beginClusterResync(from: snap)
                 logger.warning("rebuilding from the cluster log", metadata: ["concord.snapshot_offset": "\(snap?.offset ?? 0)"])
-            } catch let e as ClusterSnapshot.DecodeError {
-                logger.critical("cannot rebuild from the cluster log: \(e.description)")
             } catch {
+                // A snapshot that does not decode, or a state the engine refuses (both describe themselves).
                 logger.critical("cannot rebuild from the cluster log: \(error)")
             }
         case .loadSnapshot(let bytes):
@@ -383,8 +382,6 @@ final class Sequencer: @unchecked Sendable {
                 let snap = try ClusterSnapshot.decode(bytes, maxDepth: engine.configuration.maxDepth)
                 try engine.loadClusterSnapshot(snap)
                 logger.info("loaded the cluster snapshot", metadata: ["concord.offset": "\(snap.offset)", "concord.seq": "\(snap.seq)"])
-            } catch let e as ClusterSnapshot.DecodeError {
-                engine.clusterEvent(.broken(reason: "the cluster snapshot does not load: \(e.description)"))
             } catch {
                 engine.clusterEvent(.broken(reason: "the cluster snapshot does not load: \(error)"))
             }
