@@ -24,6 +24,21 @@ final class FakeLog {
     }
 }
 
+/// One host on a fake log, on a clock the test sets.
+final class ClockedHost {
+    /// The time, shared with the engine's clock closure.
+    final class Time: Sendable {
+        let now = Mutex(0.0)
+    }
+    let cluster = FakeCluster(hosts: 1)
+    var engine: Engine { cluster.hosts[0].engine }
+    private let time = Time()
+
+    init() { engine.clock = { [time] in time.now.withLock { $0 } } }
+
+    func set(_ t: Double) { time.now.withLock { $0 = t } }
+}
+
 /// Hosts (engines) sharing one ``FakeLog``; each reads the log up to its own position.
 final class FakeCluster {
     let log = FakeLog()
@@ -338,11 +353,8 @@ final class FakeCluster {
     }
 
     @Test func detachedRefusesAtOnceAndALostAnswerIsIndeterminate() {
-        let cl = FakeCluster(hosts: 1)
-        let engine = cl.hosts[0].engine
-        let now = Mutex(0.0)
-        engine.clock = { now.withLock { $0 } }
-        let c = cl.hosts[0].connect()
+        let h = ClockedHost()
+        let (cl, engine, c) = (h.cluster, h.engine, h.cluster.hosts[0].connect())
         engine.clusterEvent(.detached(reason: "test"))
         let r = c.send(#"{"rid":1,"op":"update","model":{"id":"A"}}"#)
         #expect(r["error"]?["code"] == "unavailable" && r["error"]?["indeterminate"] == nil)
@@ -350,7 +362,7 @@ final class FakeCluster {
         engine.clusterEvent(.attached(epoch: "", head: 0))
         c.post(#"{"rid":2,"op":"update","model":{"id":"A"},"token":"t1"}"#)
         _ = engine.takeClusterAppends()  // sent; the answer never comes
-        now.withLock { $0 = 6 }
+        h.set(6)
         engine.expireClusterWaits()
         cl.hosts[0].pumpPublic()
         let late = c.takeResponses()
@@ -362,25 +374,22 @@ final class FakeCluster {
     /// An append the log took gets its own timeout for this host to apply
     /// it; past that the answer is still `indeterminate`, and says it is in the log.
     @Test func aConfirmedAppendWaitsForItsApplyAndThenSaysItIsInTheLog() {
-        let cl = FakeCluster(hosts: 1)
-        let engine = cl.hosts[0].engine
-        let now = Mutex(0.0)
-        engine.clock = { now.withLock { $0 } }
-        let c = cl.hosts[0].connect()
+        let h = ClockedHost()
+        let (cl, engine, c) = (h.cluster, h.engine, h.cluster.hosts[0].connect())
         c.post(#"{"rid":1,"op":"update","model":{"id":"A","v":1}}"#)
         c.post(#"{"rid":2,"op":"update","model":{"id":"B","v":1}}"#)
         let sent = engine.takeClusterAppends()
         #expect(sent.count == 2)
-        now.withLock { $0 = 4 }
+        h.set(4)
         engine.clusterEvent(.appendConfirmed(refs: sent.map(\.ref)))
-        now.withLock { $0 = 6 }  // past the first deadline (5 s), within the confirmed one (4 + 5)
+        h.set(6)  // past the first deadline (5 s), within the confirmed one (4 + 5)
         engine.expireClusterWaits()
         cl.hosts[0].pumpPublic()
         #expect(c.takeResponses().isEmpty)
         // The first comes back and is answered with its seq; the second never does.
         cl.log.append(origin: "h0#run", [sent[0]])
         cl.deliver(0)
-        now.withLock { $0 = 9.5 }
+        h.set(9.5)
         engine.expireClusterWaits()
         cl.hosts[0].pumpPublic()
         let answers = c.takeResponses()
