@@ -169,7 +169,7 @@ public final class Server {
             let link = ClusterLink(options: ClusterLink.Options(
                 endpoint: endpoint, settings: cluster.settings, engineVersion: "concord-\(e.version)/log-2",
                 optionsFingerprint: "id_key=\(e.idKey) max_depth=\(e.maxDepth) history_mutations=\(e.historyMutations) history_entities=\(e.historyEntities) token_retention=\(e.tokenRetention) token_memory=\(e.tokenBytes)",
-                snapshotEvery: cluster.snapshotEvery), loop: loop, logger: logger, sequencer: sequencer)
+                maxEntryMutations: cluster.entryMutations, snapshotEvery: cluster.snapshotEvery), loop: loop, logger: logger, sequencer: sequencer)
             if let spec = cluster.localCache {
                 // Opened and read here, before the loop runs: never on the loop.
                 let backend: Backend

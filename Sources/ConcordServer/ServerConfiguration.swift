@@ -90,6 +90,8 @@ public struct ClusterConfiguration: Sendable {
     /// Log entries between snapshots (written by one host at a time; the log
     /// is trimmed below the older of the two kept). 0: none, and no trimming.
     public var snapshotEvery = 10_000
+    /// Mutations per log entry at most (`--cluster-entry-mutations`).
+    public var entryMutations = 256
     /// A backend (`--cache` name or plugin path) holding this host's own copy
     /// of the state for restarts (ClusterLocalCopy), with its JSON config;
     /// nil: none (a restart loads a snapshot from the log or replays it).

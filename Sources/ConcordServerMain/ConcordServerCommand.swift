@@ -142,6 +142,9 @@ struct ConcordServerCommand: ParsableCommand {
     @Option(help: "Cluster mode: log entries between snapshots of the state (one host at a time writes one; the log is trimmed below the older of the two kept, never by count). 0: no snapshots, the log is never trimmed.")
     var clusterSnapshotEntries: Int = 10_000
 
+    @Option(help: "Cluster mode: mutations per log entry at most (the batching window is one sequencer turn: what the host read meanwhile, up to this many, and up to 1 MiB).")
+    var clusterEntryMutations: Int = 256
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel: String = "info"
 
@@ -198,6 +201,7 @@ struct ConcordServerCommand: ParsableCommand {
             }
             if !(clusterTimeout > 0) { throw ValidationError("--cluster-timeout must be positive") }
             if clusterSnapshotEntries < 0 { throw ValidationError("--cluster-snapshot-entries must not be negative") }
+            if clusterEntryMutations < 1 || clusterEntryMutations > 4096 { throw ValidationError("--cluster-entry-mutations must be between 1 and 4096") }
         } else if clusterName != nil || clusterHost != nil {
             throw ValidationError("--cluster-name and --cluster-host need --cluster")
         }
@@ -280,6 +284,7 @@ struct ConcordServerCommand: ParsableCommand {
             let origin = "\(host)#\(getpid())-\(String(r.next() & 0xffff_ffff, radix: 16))"
             config.cluster = ClusterConfiguration(url: url, settings: ClusterSettings(name: name, host: host, origin: origin, timeout: clusterTimeout))
             config.cluster?.snapshotEvery = clusterSnapshotEntries
+            config.cluster?.entryMutations = clusterEntryMutations
             if cache != "memory" && cache != "none" {
                 // The host's own copy of the state on disk (resumed from at a restart); the core itself runs as with --cache none.
                 config.cluster?.localCache = cache

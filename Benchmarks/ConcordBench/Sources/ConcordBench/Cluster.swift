@@ -22,11 +22,13 @@ func clusterRedis(fsync: String) throws -> ServerProc {
 
 /// `count` hosts of cluster `name` on the Redis at `log`; each is returned once it listens (it binds only when caught up).
 func clusterHosts(_ count: Int, log: String, name: String, snapshotEvery: Int) throws -> [(ServerProc, ConcordSystem)] {
-    try (0..<count).map { i in
+    // CONCORD_BENCH_CLUSTER_ARGS: extra options for the hosts (experiments, e.g. --cluster-entry-mutations 64).
+    let extra = (ProcessInfo.processInfo.environment["CONCORD_BENCH_CLUSTER_ARGS"] ?? "").split(separator: " ").map(String.init)
+    return try (0..<count).map { i in
         let sock = dir + "/h\(i).sock"
         let p = try ServerProc(options.server, ["--socket", sock, "--cluster", "unix://" + log, "--cluster-name", name,
                                                 "--cluster-host", "h\(i)", "--cluster-snapshot-entries", "\(snapshotEvery)",
-                                                "--threads", "2", "--log-level", "error"], socket: sock)
+                                                "--threads", "2", "--log-level", "error"] + extra, socket: sock)
         return (p, ConcordSystem(socket: sock))
     }
 }
