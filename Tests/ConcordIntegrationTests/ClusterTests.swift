@@ -613,6 +613,7 @@ struct ClusterTests {
             ["--cluster", "redis://127.0.0.1:1", "--cluster-name", "t", "--cache", "sqlite", "--memory-limit", "1000000"],
             ["--cluster", "redis://127.0.0.1:1", "--cluster-name", "t", "--cache-ttl", "5"],
             ["--cluster", "redis://127.0.0.1:1", "--cluster-name", "t", "--cache", "sqlite", "--durability", "sync"],
+            ["--cluster", "redis://127.0.0.1:1", "--cluster-name", "t", "--cluster-entry-mutations", "0"],
             ["--cluster-name", "t"],
         ]
         for args in bad {
