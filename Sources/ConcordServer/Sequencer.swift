@@ -30,8 +30,7 @@ final class Sequencer: @unchecked Sendable {
         case open(ConnectionID, ConnectionFlow, PeerCredentials?)
         case close(ConnectionID)
         /// `readAt`: when the loop read them (``monotonicSeconds()``), for the latency histogram.
-        /// Lines read; `parsed`, when not empty, their parses made on the loop thread (parallel to the frames).
-        case frames(ConnectionID, [LineFramer.Frame], bytes: Int, readAt: Double, parsed: [Engine.ParsedLine?])
+        case frames(ConnectionID, [LineFramer.Frame], bytes: Int, readAt: Double)
         /// A metrics scrape (`--metrics`): answered in ``Delivery/metrics`` with the same token.
         case metrics(token: Int)
         /// The loop wrote a coalescing connection's output down (§6.6).
@@ -114,8 +113,6 @@ final class Sequencer: @unchecked Sendable {
         var frames: [LineFramer.Frame] = []
         /// When each frame was read, parallel to `frames`.
         var readAt: [Double] = []
-        /// Parses made on the loop thread, parallel to `frames` (nil: parse here).
-        var loopParsed: [Engine.ParsedLine?] = []
         var head = 0
         /// The connection closed: close it in the engine once its lines are answered.
         var closeAfter = false
@@ -336,16 +333,11 @@ final class Sequencer: @unchecked Sendable {
                 lanes[id] = nil
                 engine.close(id)
             }
-        case .frames(let id, let frames, _, let readAt, let parsed):
+        case .frames(let id, let frames, _, let readAt):
             guard let lane = lanes[id] else { return }
             if !lane.queued { ready.append(lane) }
             lane.frames.append(contentsOf: frames)
             lane.readAt.append(contentsOf: repeatElement(readAt, count: frames.count))
-            if parsed.isEmpty {
-                lane.loopParsed.append(contentsOf: repeatElement(nil, count: frames.count))
-            } else {
-                lane.loopParsed.append(contentsOf: parsed)
-            }
         case .metrics(let token):
             // Straight to the loop: a scrape never waits behind held (sync) output.
             let text = metrics.exposition(engine.figures, cache: statsSource.cacheStats())
@@ -466,7 +458,6 @@ final class Sequencer: @unchecked Sendable {
         var lines: [[UInt8]] = []
         var preparsed: [(index: Int, parsed: Engine.ParsedLine)] = []
         var preparsedLanes: [Int: Engine.ParsedLine] = [:]
-        var loopParsed: [(index: Int, parsed: Engine.ParsedLine)] = []
         var bytesTaken = 0
         for lane in ready where lane.queued && !lane.parsing && !engine.isWaiting(lane.id) {
             var end = min(lane.frames.count, lane.head + linesPerTurn)
@@ -497,18 +488,10 @@ final class Sequencer: @unchecked Sendable {
             let slice = lane.frames[lane.head..<end]
             lane.head = end
             var bytes = 0
-            for j in slice.indices {
-                let f = slice[j]
+            for f in slice {
                 bytes += Self.frameBytes(f)
                 // A parsed long line takes a place in `lines` but is not parsed again.
-                if case .line(let l) = f {
-                    if headParsed == nil, let p = lane.loopParsed[j] {
-                        // Parsed on the loop thread: taken (a line given back is parsed here then).
-                        loopParsed.append((lines.count, p))
-                        lane.loopParsed[j] = nil
-                    }
-                    lines.append(headParsed == nil ? l : [])
-                }
+                if case .line(let l) = f { lines.append(headParsed == nil ? l : []) }
             }
             lane.flow.unprocessed.subtract(bytes, ordering: .relaxed)
             bytesTaken += bytes
@@ -523,7 +506,6 @@ final class Sequencer: @unchecked Sendable {
         // and parses the rest again next turn — not the whole round.
         var parsed = [Engine.ParsedLine?](repeating: nil, count: lines.count)
         for (i, p) in preparsed { parsed[i] = p }
-        for (i, p) in loopParsed { parsed[i] = p }
         var parsedEnd = 0
         var chunk = 1
         func parseMore() {
@@ -591,14 +573,12 @@ final class Sequencer: @unchecked Sendable {
                 if lane.head > 4096 && lane.head * 2 > lane.frames.count {
                     lane.frames.removeFirst(lane.head)
                     lane.readAt.removeFirst(lane.head)
-                    lane.loopParsed.removeFirst(lane.head)
                     lane.head = 0
                 }
                 stillReady.append(lane)
             } else {
                 lane.frames.removeAll(keepingCapacity: lane.frames.capacity <= 1024)
                 lane.readAt.removeAll(keepingCapacity: lane.readAt.capacity <= 1024)
-                lane.loopParsed.removeAll(keepingCapacity: lane.loopParsed.capacity <= 1024)
                 lane.head = 0
                 if lane.closeAfter {
                     lanes[lane.id] = nil

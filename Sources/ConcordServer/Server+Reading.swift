@@ -75,18 +75,7 @@ extension Server {
         if !frames.isEmpty {
             conn.flow.unprocessed.add(bytes, ordering: .relaxed)
             sequencer.inboxBytes.add(bytes, ordering: .relaxed)
-            var parsed: [Engine.ParsedLine?] = []
-            if parseOnLoop {
-                parsed.reserveCapacity(frames.count)
-                for f in frames {
-                    if case .line(let l) = f, l.count < BigLineParser.threshold {
-                        parsed.append(Engine.parse(l, parser: loopParser))
-                    } else {
-                        parsed.append(nil)
-                    }
-                }
-            }
-            sequencer.submit(.frames(conn.id, frames, bytes: bytes, readAt: monotonicSeconds(), parsed: parsed))
+            sequencer.submit(.frames(conn.id, frames, bytes: bytes, readAt: monotonicSeconds()))
         }
         let unfinished = conn.framer.bufferedBytes
         if unfinished != conn.unfinished {

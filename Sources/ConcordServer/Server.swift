@@ -48,10 +48,6 @@ public final class Server {
     var clusterLink: (any ClusterLogLink)?
     /// Cluster mode with a local backend: this host's copy of the state (closed after the loop).
     var clusterLocal: ClusterLocalCopy?
-    /// Experiment (issue 19, item 7): parse request lines on the loop thread
-    /// as they are framed (CONCORD_PARSE_ON_LOOP=1), not on the sequencer.
-    let parseOnLoop = getenv("CONCORD_PARSE_ON_LOOP").map { String(cString: $0) } == "1"
-    lazy var loopParser = JSONParser(maxDepth: configuration.engine.maxDepth)
     /// Cluster mode: listening began late (after catching up) and failed.
     var lateStartupFailure: StartupError?
 
