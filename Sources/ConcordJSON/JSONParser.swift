@@ -50,7 +50,9 @@ public struct JSONParser {
     }
 }
 
-private struct ParserState {
+/// The scanning and validation both parsers share (``JSONParser`` builds a
+/// tree, ``JSONTape`` a flat node array).
+struct ParserState {
     let buf: UnsafeBufferPointer<UInt8>
     let maxDepth: Int
     var pos = 0
@@ -200,6 +202,13 @@ private struct ParserState {
     }
 
     mutating func parseNumber() throws(JSONParseError) -> JSONNumber {
+        let start = try scanNumber()
+        let text = String(decoding: UnsafeBufferPointer(rebasing: buf[start..<pos]), as: UTF8.self)
+        return JSONNumber(unchecked: text)
+    }
+
+    /// Checks a number's syntax and moves past it; returns where it started.
+    mutating func scanNumber() throws(JSONParseError) -> Int {
         let start = pos
         if buf[pos] == UInt8(ascii: "-") { pos += 1 }
         guard pos < buf.count else { throw error("a number needs digits") }
@@ -222,8 +231,39 @@ private struct ParserState {
             guard pos < buf.count, isDigit(buf[pos]) else { throw error("an exponent needs digits") }
             while pos < buf.count && isDigit(buf[pos]) { pos += 1 }
         }
-        let text = String(decoding: UnsafeBufferPointer(rebasing: buf[start..<pos]), as: UTF8.self)
-        return JSONNumber(unchecked: text)
+        return start
+    }
+
+    /// Checks a string and moves past it, building nothing: returns its
+    /// content's byte range (between the quotes) and whether it must be
+    /// decoded (escapes). Non-ASCII content is validated as UTF-8 here; a
+    /// string with escapes is validated by decoding it (``parseString()``).
+    mutating func scanString() throws(JSONParseError) -> (start: Int, end: Int, escaped: Bool) {
+        let quote = pos
+        let start = pos + 1
+        pos = start
+        var ascii = true
+        while pos < buf.count {
+            let c = buf[pos]
+            if c == UInt8(ascii: "\"") {
+                let end = pos
+                pos += 1
+                if !ascii, String(validating: UnsafeBufferPointer(rebasing: buf[start..<end]), as: UTF8.self) == nil {
+                    pos = start
+                    throw error("a string is not valid UTF-8")
+                }
+                return (start, end, false)
+            }
+            if c == UInt8(ascii: "\\") {
+                pos = quote
+                _ = try parseString()
+                return (start, pos - 1, true)
+            }
+            if c < 0x20 { throw error("a control character must be escaped in a string") }
+            if c >= 0x80 { ascii = false }
+            pos += 1
+        }
+        throw error("unterminated string")
     }
 
     @inline(__always) func isDigit(_ c: UInt8) -> Bool { c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9") }
