@@ -407,6 +407,64 @@ struct ClusterTests {
         #expect(gone.count == 3)
     }
 
+    /// The local copy's failure stories. A disk that refuses writes (the
+    /// SQLite backend's fault switch): the store is logged and skipped, the
+    /// host serves on, the next snapshot point stores again. A copy damaged
+    /// on disk: its checksum catches it and the host joins from the log.
+    @Test func aFailingDiskOrADamagedCopyCostsOnlyTheCopy() throws {
+        let redis = try RedisProcess()
+        let every = ["--cluster-snapshot-entries", "20"]
+        let disk = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("concord-local-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: disk, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: disk) }
+        let db = disk.appendingPathComponent("h1.db").path
+        let fault = db + ".fault"
+        let local = every + ["--cache", "sqlite", "--cache-path", db, "--cache-config", #"{"fault_file":"\#(fault)"}"#]
+        let a = try Self.host(redis, "h0", every)
+        let first = try Self.host(redis, "h1", local)
+        try Self.waitAttached([a, first])
+        let ca = try a.connect()
+        var written = 0
+        func write(to n: Int) throws {
+            while written < n {
+                #expect(try ca.request(#"{"op":"update","model":{"id":"F\#(written % 7)","i":\#(written)}}"#)["seq"] == .int(written + 1))
+                written += 1
+            }
+        }
+        try write(to: 30)
+        try waitUntil("the copy at 20") { first.stderr.contains("concord.offset=20 [ConcordServer] cluster state stored in the local copy") }
+        // The disk refuses: the store at 40 fails, the host goes on.
+        FileManager.default.createFile(atPath: fault, contents: nil)
+        try write(to: 50)
+        try waitUntil("the failed store logged") { first.stderr.contains("cannot store the local copy of the cluster state") }
+        let cb = try first.connect()
+        #expect(try cb.request(#"{"op":"sync"}"#)["seq"] == 50)
+        #expect(try cb.request(#"{"op":"get","id":"F6"}"#)["model"]?["i"] == 48)
+        // The disk takes writes again: the point at 60 is stored.
+        try FileManager.default.removeItem(atPath: fault)
+        try write(to: 70)
+        try waitUntil("the copy at 60") { first.stderr.contains("concord.offset=60 [ConcordServer] cluster state stored in the local copy") }
+        #expect(!first.stderr.contains("concord.offset=40 [ConcordServer] cluster state stored"))
+        _ = try cb.request(#"{"op":"sync"}"#)
+        #expect(first.stop() == 0)
+        // Damaged on disk: the first chunk overwritten.
+        let sqlite = Process()
+        sqlite.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+        sqlite.arguments = [db, "UPDATE records SET value = X'00' WHERE key = CAST('x:cluster:0' AS BLOB)"]
+        try sqlite.run()
+        sqlite.waitUntilExit()
+        #expect(sqlite.terminationStatus == 0)
+        let again = try Self.host(redis, "h1", local, directory: first.directory)
+        try Self.waitAttached([again])
+        #expect(again.stderr.contains("the local copy is damaged"), "\(again.stderr.suffix(1500))")
+        #expect(!again.stderr.contains("resuming from the local copy"))
+        let c = try again.connect()
+        #expect(try c.request(#"{"op":"sync"}"#)["seq"] == 70)
+        for i in 0..<7 {
+            #expect(try c.request(#"{"op":"get","id":"F\#(i)"}"#)["model"] == (try ca.request(#"{"op":"get","id":"F\#(i)"}"#)["model"]))
+        }
+    }
+
     /// The SDK and the CLI, unchanged, against two hosts: a write through
     /// one host is read on the other with `minSeq` / `--min-seq` (a read
     /// waits for that seq), a subscription with `minSeq` starts from it, and a
