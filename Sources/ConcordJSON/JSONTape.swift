@@ -65,9 +65,9 @@ public struct JSONTape {
         let at = s.pos
         switch s.buf[s.pos] {
         case UInt8(ascii: "{"):
-            try object(&s, depth: depth + 1)
+            try container(.object, &s, depth: depth + 1)
         case UInt8(ascii: "["):
-            try array(&s, depth: depth + 1)
+            try container(.array, &s, depth: depth + 1)
         case UInt8(ascii: "\""):
             let r = try s.scanString()
             leaf(r.escaped ? .escapedString : .string, r.start, r.end)
@@ -90,72 +90,66 @@ public struct JSONTape {
         }
     }
 
-    private mutating func object(_ s: inout ParserState, depth: Int) throws(JSONParseError) {
-        if depth > maxDepth { throw s.error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
-        let me = nodes.count
-        let start = s.pos
-        nodes.append(Node(kind: .object, start: UInt32(start), end: 0, next: 0, count: 0))
-        s.pos += 1  // {
-        s.skipWhitespace()
+    /// An object or an array, its members or elements after it.
+    private mutating func container(_ kind: Kind, _ s: inout ParserState, depth: Int) throws(JSONParseError) {
+        let isObject = kind == .object
+        let closer = isObject ? UInt8(ascii: "}") : UInt8(ascii: "]")
+        let (me, empty) = try open(kind, &s, depth: depth, closer: closer)
         var count: UInt32 = 0
-        if s.pos < s.buf.count && s.buf[s.pos] == UInt8(ascii: "}") {
-            s.pos += 1
-        } else {
-            while true {
+        if !empty {
+            repeat {
                 s.skipWhitespace()
-                guard s.pos < s.buf.count, s.buf[s.pos] == UInt8(ascii: "\"") else {
-                    throw s.error("expected a member name in double quotes")
-                }
-                let k = try s.scanString()
-                leaf(k.escaped ? .escapedString : .string, k.start, k.end)
-                s.skipWhitespace()
-                guard s.pos < s.buf.count, s.buf[s.pos] == UInt8(ascii: ":") else { throw s.error("expected ':' after a member name") }
-                s.pos += 1
-                s.skipWhitespace()
+                if isObject { try memberName(&s) }
                 try value(&s, depth: depth)
                 count += 1
-                s.skipWhitespace()
-                guard s.pos < s.buf.count else { throw s.error("unexpected end of input in an object") }
-                let c = s.buf[s.pos]
-                s.pos += 1
-                if c == UInt8(ascii: ",") { continue }
-                if c == UInt8(ascii: "}") { break }
-                s.pos -= 1
-                throw s.error("expected ',' or '}' in an object")
-            }
+            } while try Self.more(&s, closer: closer, in: isObject ? "an object" : "an array")
         }
-        nodes[me].end = UInt32(s.pos)
-        nodes[me].next = UInt32(nodes.count)
-        nodes[me].count = count
+        close(me, at: s.pos, count: count)
     }
 
-    private mutating func array(_ s: inout ParserState, depth: Int) throws(JSONParseError) {
-        if depth > maxDepth { throw s.error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
-        let me = nodes.count
-        nodes.append(Node(kind: .array, start: UInt32(s.pos), end: 0, next: 0, count: 0))
-        s.pos += 1  // [
-        s.skipWhitespace()
-        var count: UInt32 = 0
-        if s.pos < s.buf.count && s.buf[s.pos] == UInt8(ascii: "]") {
-            s.pos += 1
-        } else {
-            while true {
-                s.skipWhitespace()
-                try value(&s, depth: depth)
-                count += 1
-                s.skipWhitespace()
-                guard s.pos < s.buf.count else { throw s.error("unexpected end of input in an array") }
-                let c = s.buf[s.pos]
-                s.pos += 1
-                if c == UInt8(ascii: ",") { continue }
-                if c == UInt8(ascii: "]") { break }
-                s.pos -= 1
-                throw s.error("expected ',' or ']' in an array")
-            }
+    /// `"name" :` — the key's node, and the scanner at the value.
+    private mutating func memberName(_ s: inout ParserState) throws(JSONParseError) {
+        guard s.pos < s.buf.count, s.buf[s.pos] == UInt8(ascii: "\"") else {
+            throw s.error("expected a member name in double quotes")
         }
-        nodes[me].end = UInt32(s.pos)
-        nodes[me].next = UInt32(nodes.count)
-        nodes[me].count = count
+        let k = try s.scanString()
+        leaf(k.escaped ? .escapedString : .string, k.start, k.end)
+        s.skipWhitespace()
+        guard s.pos < s.buf.count, s.buf[s.pos] == UInt8(ascii: ":") else { throw s.error("expected ':' after a member name") }
+        s.pos += 1
+        s.skipWhitespace()
+    }
+
+    /// After a member or an element: true at ',' (another follows), false at
+    /// the closer; the tree parser's errors otherwise.
+    private static func more(_ s: inout ParserState, closer: UInt8, in what: String) throws(JSONParseError) -> Bool {
+        s.skipWhitespace()
+        guard s.pos < s.buf.count else { throw s.error("unexpected end of input in \(what)") }
+        let c = s.buf[s.pos]
+        s.pos += 1
+        if c == UInt8(ascii: ",") { return true }
+        if c == closer { return false }
+        s.pos -= 1
+        throw s.error("expected ',' or '\(Character(UnicodeScalar(closer)))' in \(what)")
+    }
+
+    /// A container's node, opened at its bracket; `empty` when its closer
+    /// follows at once (then consumed).
+    private mutating func open(_ kind: Kind, _ s: inout ParserState, depth: Int, closer: UInt8) throws(JSONParseError) -> (node: Int, empty: Bool) {
+        if depth > maxDepth { throw s.error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
+        let node = nodes.count
+        nodes.append(Node(kind: kind, start: UInt32(s.pos), end: 0, next: 0, count: 0))
+        s.pos += 1
+        s.skipWhitespace()
+        guard s.pos < s.buf.count, s.buf[s.pos] == closer else { return (node, false) }
+        s.pos += 1
+        return (node, true)
+    }
+
+    private mutating func close(_ node: Int, at end: Int, count: UInt32) {
+        nodes[node].end = UInt32(end)
+        nodes[node].next = UInt32(nodes.count)
+        nodes[node].count = count
     }
 
     // MARK: Reading

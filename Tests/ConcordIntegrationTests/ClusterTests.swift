@@ -101,6 +101,17 @@ final class LockedList<T>: @unchecked Sendable {
     var all: [T] { lock.lock(); defer { lock.unlock() }; return items }
 }
 
+/// A directory of this test's own, removed with the object.
+final class TemporaryDirectory {
+    let url: URL
+    init() throws {
+        url = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("concord-t-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+    func path(_ name: String) -> String { url.appendingPathComponent(name).path }
+    deinit { try? FileManager.default.removeItem(at: url) }
+}
+
 /// Several `concord-server` hosts on one real Redis (PROTOCOL.md §8), all on this machine, all on Unix sockets.
 @Suite(.serialized, .enabled(if: RedisProcess.available, "needs /usr/bin/redis-server (make test installs it)"))
 struct ClusterTests {
@@ -339,10 +350,8 @@ struct ClusterTests {
     @Test func aHostResumesFromItsLocalCopyWhileTheLogHoldsWhatFollows() throws {
         let redis = try RedisProcess()
         let every = ["--cluster-snapshot-entries", "20"]
-        let disk = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("concord-local-\(UUID().uuidString.prefix(8))")
-        try FileManager.default.createDirectory(at: disk, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: disk) }
-        let local = every + ["--cache", "sqlite", "--cache-path", disk.appendingPathComponent("h1.db").path]
+        let disk = try TemporaryDirectory()
+        let local = every + ["--cache", "sqlite", "--cache-path", disk.path("h1.db")]
         let a = try Self.host(redis, "h0", every)
         let first = try Self.host(redis, "h1", local)
         var b = first
@@ -414,10 +423,8 @@ struct ClusterTests {
     @Test func aFailingDiskOrADamagedCopyCostsOnlyTheCopy() throws {
         let redis = try RedisProcess()
         let every = ["--cluster-snapshot-entries", "20"]
-        let disk = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("concord-local-\(UUID().uuidString.prefix(8))")
-        try FileManager.default.createDirectory(at: disk, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: disk) }
-        let db = disk.appendingPathComponent("h1.db").path
+        let disk = try TemporaryDirectory()
+        let db = disk.path("h1.db")
         let fault = db + ".fault"
         let local = every + ["--cache", "sqlite", "--cache-path", db, "--cache-config", #"{"fault_file":"\#(fault)"}"#]
         let a = try Self.host(redis, "h0", every)
