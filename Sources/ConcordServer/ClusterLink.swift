@@ -388,7 +388,11 @@ final class ClusterLink: ClusterLogLink {
                 logger.critical("the cluster log's head went back", metadata: ["concord.head": "\(head)", "concord.read": "\(readOffsetAtBeat)"])
                 submit(.cluster(.attached(epoch: epoch, head: head, rolledBack: true)))
             }
-            if reader?.connected == true, !told.attached || told.epoch != epoch || told.head != head {
+            // Not before the start-up decision (local copy, snapshot, or the
+            // log from its start) is made and handed to the core: an empty
+            // state is not "a few entries behind" a trimmed log, and the host
+            // must not count as caught up (and listen) on it.
+            if bootstrapped, reader?.connected == true, !told.attached || told.epoch != epoch || told.head != head {
                 if !told.attached {
                     logger.info("attached to the cluster log", metadata: [
                         "concord.cluster": "\(options.settings.name)", "concord.epoch": "\(epoch)", "concord.head": "\(head)",

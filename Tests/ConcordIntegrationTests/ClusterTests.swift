@@ -342,6 +342,35 @@ struct ClusterTests {
         #expect(a.stderr.contains("cluster state digests differ"))
     }
 
+    /// A short log trimmed below a snapshot: a new host is fewer entries
+    /// behind the head than the catch-up bound, but its empty state is not
+    /// "a few entries behind" — it listens only with the snapshot loaded, so
+    /// its very first read (no `sync`) sees what came before the snapshot.
+    @Test func aHostJoiningAShortTrimmedLogListensOnlyWithItsSnapshotLoaded() throws {
+        let redis = try RedisProcess()
+        let every = ["--cluster-snapshot-entries", "20"]
+        let a = try Self.host(redis, "h0", every)
+        try Self.waitAttached([a])
+        let ca = try a.connect()
+        for i in 0..<100 { #expect(try ca.request(#"{"op":"update","model":{"id":"S\#(i % 10)","i":\#(i)}}"#)["ok"] == true) }
+        // 20,000 more entities in 20 documents of 1,000 each (20 entries): a snapshot that takes a while to load.
+        for d in 0..<20 {
+            let items = (0..<1000).map { k in #"{"id":"P\#(d * 1000 + k)","i":\#(d * 1000 + k),"pad":"0123456789abcdef0123456789abcdef"}"# }
+            #expect(try ca.request(#"{"op":"update","key":"doc\#(d)","model":{"items":[\#(items.joined(separator: ","))]}}"#)["ok"] == true)
+        }
+        let head = Int(try redis.cli(["HGET", "concord:{t}:meta", "offset"])) ?? 0
+        #expect(head < 256, "the head (\(head)) must be within the catch-up bound for this test to mean anything")
+        try waitUntil("the log trimmed") { (Int(try redis.cli(["XLEN", "concord:{t}:log"])) ?? head) < head }
+        for round in 0..<3 {
+            let joined = try Self.host(redis, "j\(round)", every)
+            var c: WireClient?
+            try waitUntil("the new host listening") { c = try? joined.connect(); return c != nil }
+            #expect(try c!.request(#"{"op":"get","id":"S0"}"#)["model"]?["i"] == 90, "round \(round): \(joined.stderr.suffix(800))")
+            #expect(try c!.request(#"{"op":"get","id":"P0"}"#)["model"]?["i"] == 0)
+            #expect(joined.stderr.contains("loaded the cluster snapshot"))
+        }
+    }
+
     /// `--cache sqlite` in cluster mode: the host's own copy of the state.
     /// Stopped cleanly, or killed after a snapshot point, it resumes from its
     /// disk and reads only what followed; when the log no longer holds what
