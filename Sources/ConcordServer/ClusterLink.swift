@@ -109,13 +109,18 @@ final class ClusterLink: ClusterLogLink {
         var sent = false
     }
 
+    private enum Role: String {
+        case writer, reader
+        case uploader = "snapshot uploader"
+    }
+
     private final class Conn {
-        let role: String
+        let role: Role
         var ac: UnsafeMutablePointer<redisAsyncContext>?
         var connected = false { didSet { if connected { connectedAt = monotonicSeconds() } } }
         var connectedAt = 0.0
         let openedAt: Double
-        init(role: String, ac: UnsafeMutablePointer<redisAsyncContext>, openedAt: Double) {
+        init(role: Role, ac: UnsafeMutablePointer<redisAsyncContext>, openedAt: Double) {
             self.role = role
             self.ac = ac
             self.openedAt = openedAt
@@ -221,7 +226,7 @@ final class ClusterLink: ClusterLogLink {
 
     // MARK: Connections
 
-    private func open(_ role: String) -> Conn? {
+    private func open(_ role: Role) -> Conn? {
         let ac: UnsafeMutablePointer<redisAsyncContext>?
         switch options.endpoint {
         case .tcp(let host, let port): ac = redisAsyncConnect(host, port)
@@ -229,7 +234,7 @@ final class ClusterLink: ClusterLogLink {
         }
         guard let ac else { return nil }
         if ac.pointee.err != 0 {
-            problem("cannot connect the \(role) to the cluster log: \(String(cString: ac.pointee.errstr))")
+            problem("cannot connect the \(role.rawValue) to the cluster log: \(String(cString: ac.pointee.errstr))")
             redisAsyncFree(ac)
             return nil
         }
@@ -254,7 +259,7 @@ final class ClusterLink: ClusterLogLink {
         guard let conn else { return }
         if !ok {
             // hiredis frees the context after this callback.
-            problem("cannot connect the \(conn.role) to the cluster log: \(String(cString: ac.pointee.errstr))")
+            problem("cannot connect the \(conn.role.rawValue) to the cluster log: \(String(cString: ac.pointee.errstr))")
             conn.ac = nil
             if conn === writer { writer = nil } else if conn === reader { reader = nil } else { uploader = nil; upload = nil }
             return
@@ -299,12 +304,12 @@ final class ClusterLink: ClusterLogLink {
             redisAsyncFree(ac)  // answers its pending commands with no reply
         }
         switch c.role {
-        case "reader": readSentAt = nil
-        case "writer":
+        case .reader: readSentAt = nil
+        case .writer:
             beatSentAt = nil
             scriptSHA = nil
             scriptLoading = false
-        default: break
+        case .uploader: break
         }
         if reason != "shutdown" && isLoss { lost(reason) }
     }
@@ -354,9 +359,9 @@ final class ClusterLink: ClusterLogLink {
         }
         if writer == nil {
             if told.attached || lastBeat > 0 { reconnects += 1 }
-            writer = open("writer")
+            writer = open(.writer)
         }
-        if reader == nil { reader = open("reader") }
+        if reader == nil { reader = open(.reader) }
         if writer?.connected == true, beatSentAt == nil { heartbeat() }
         if writer?.connected == true, !bootstrapped { bootstrap() }
         if writer?.connected == true, resyncAgain {
@@ -452,13 +457,7 @@ final class ClusterLink: ClusterLogLink {
                 let item = items.pointee.element[i]!
                 guard item.pointee.elements == 2, let id = Self.text(item.pointee.element[0]!) else { continue }
                 lastID = id
-                let fields = item.pointee.element[1]!
-                var f: [String: UnsafeMutablePointer<redisReply>] = [:]
-                var k = 0
-                while k + 1 < fields.pointee.elements {
-                    if let name = Self.text(fields.pointee.element[k]!) { f[name] = fields.pointee.element[k + 1]! }
-                    k += 2
-                }
+                let f = Self.fields(item.pointee.element[1]!)
                 guard let o = f["o"].flatMap(Self.text).flatMap({ Int($0) }), let p = f["p"].flatMap(Self.text),
                       let h = f["h"].flatMap(Self.text), let e = f["e"].flatMap(Self.text),
                       let t = Double(id.prefix(while: { $0 != "-" })), let g = f["g"].flatMap(Self.text),
@@ -534,19 +533,12 @@ final class ClusterLink: ClusterLogLink {
             command(w, ["XRANGE", logKey, "(" + local.streamID, "+", "COUNT", "1"]) { next in
                 guard let next, next.pointee.type == REDIS_REPLY_ARRAY else { return done(nil, "") }
                 guard next.pointee.elements == 1 else { return done(false, "the log holds nothing after the copy's stream id") }
-                let fields = next.pointee.element[0]!.pointee.element[1]!
-                var f: [String: String] = [:]
-                var k = 0
-                while k + 1 < fields.pointee.elements {
-                    if let name = Self.text(fields.pointee.element[k]!), name == "o" || name == "p" {
-                        f[name] = Self.text(fields.pointee.element[k + 1]!)
-                    }
-                    k += 2
-                }
-                guard f["o"].flatMap({ Int($0) }) == local.offset + 1 else {
+                let f = Self.fields(next.pointee.element[0]!.pointee.element[1]!)
+                guard f["o"].flatMap(Self.text).flatMap({ Int($0) }) == local.offset + 1 else {
                     return done(false, "the log no longer holds offset \(local.offset + 1) (trimmed below a newer snapshot)")
                 }
-                done(f["p"] == local.hash, f["p"] == local.hash ? "" : "the entry after the copy does not continue its chain hash")
+                let continues = f["p"].flatMap(Self.text) == local.hash
+                done(continues, continues ? "" : "the entry after the copy does not continue its chain hash")
             }
         }
     }
@@ -610,12 +602,7 @@ final class ClusterLink: ClusterLogLink {
             guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY else { return done(nil) }
             var firstOffset: Int?
             if reply.pointee.elements > 0 {
-                let fields = reply.pointee.element[0]!.pointee.element[1]!
-                var k = 0
-                while k + 1 < fields.pointee.elements {
-                    if Self.text(fields.pointee.element[k]!) == "o" { firstOffset = Int(Self.text(fields.pointee.element[k + 1]!) ?? "") }
-                    k += 2
-                }
+                firstOffset = Self.fields(reply.pointee.element[0]!.pointee.element[1]!)["o"].flatMap(Self.text).flatMap { Int($0) }
             }
             guard let w = writer?.ac else { return done(nil) }
             command(w, ["HMGET", metaKey, "offset", "snap1_offset", "snap1_id", "snap1_chunks", "snap1_len", "snap1_sum",
@@ -692,7 +679,7 @@ final class ClusterLink: ClusterLogLink {
             // Megabytes of chunks must not queue ahead of the writer's heartbeat
             // and appends: the upload gets a connection of its own.
             upload = (bytes, offset, streamID, sum)
-            if let u = uploader, u.connected { startUpload() } else if uploader == nil { uploader = open("snapshot uploader") }
+            if let u = uploader, u.connected { startUpload() } else if uploader == nil { uploader = open(.uploader) }
         }
     }
 
@@ -928,6 +915,17 @@ final class ClusterLink: ClusterLogLink {
             // Not queued (the context is disconnecting): answered now, as hiredis would.
             Unmanaged<ReplyBox>.fromOpaque(box).takeRetainedValue().run(nil)
         }
+    }
+
+    /// A stream entry's `[field, value, …]` reply, by field name.
+    static func fields(_ r: UnsafeMutablePointer<redisReply>) -> [String: UnsafeMutablePointer<redisReply>] {
+        var f: [String: UnsafeMutablePointer<redisReply>] = [:]
+        var k = 0
+        while k + 1 < r.pointee.elements {
+            if let name = text(r.pointee.element[k]!) { f[name] = r.pointee.element[k + 1]! }
+            k += 2
+        }
+        return f
     }
 
     static func text(_ r: UnsafeMutablePointer<redisReply>) -> String? {

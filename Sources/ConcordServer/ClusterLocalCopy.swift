@@ -49,8 +49,6 @@ final class ClusterLocalCopy: @unchecked Sendable {
         self.logger = logger
     }
 
-    var backendName: String { backend.name }
-
     /// The stored state, when there is one for this cluster that checks out.
     func read() -> Stored? {
         do {
