@@ -364,6 +364,10 @@ public final class ConcordClient: @unchecked Sendable {
         _ = try? await hello()
         let subs = lock.withLock { Array(state.subscriptions.values) }
         for s in subs {
+            // Events after the answer wait until its state is handed over (the
+            // answer resumes this task; events arrive on the reader thread).
+            s.holdEvents()
+            defer { s.dropHeld() }  // a failure: the next reconnect resynchronizes
             do {
                 var o = s.subscribeRequest(resync: true)
                 o["op"] = "subscribe"
@@ -382,16 +386,18 @@ public final class ConcordClient: @unchecked Sendable {
                 let seq = r["seq"]?.numberValue?.intValue ?? 0
                 if r["unchanged"] == .bool(true) {
                     s.noteSeq(seq)
+                    s.releaseHeld()
                     if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
                     continue
                 }
                 if r["truncated"] == .bool(true) {
-                    s.yield(.truncated(seq: seq))
+                    s.releaseHeld(first: .truncated(seq: seq))
                     if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
                     continue
                 }
                 if case .feed = s.targetSnapshot {
                     s.noteSeq(seq)
+                    s.releaseHeld()
                     if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
                     continue
                 }
@@ -399,13 +405,14 @@ public final class ConcordClient: @unchecked Sendable {
                 // A query's state is its window and its count.
                 if let count = r["count"] { stateValue = ["items": stateValue, "count": count] }
                 s.noteResynced(stateValue)
-                s.yield(.resynced(seq: seq, state: stateValue))
+                s.releaseHeld(first: .resynced(seq: seq, state: stateValue))
                 if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
             } catch let e as ConcordError where [.disconnected, .shuttingDown, .closed].contains(e.code) {
                 // This connection is going away too (a server that is still
                 // stopping accepted it): the next reconnect resynchronizes.
                 continue
             } catch {
+                s.dropHeld()
                 let removed = lock.withLock { state.subscriptions.removeValue(forKey: s.name) }
                 removed?.yield(.ended(seq: 0, context: nil))
                 removed?.finish()

@@ -137,7 +137,44 @@ final class SubscriptionState: @unchecked Sendable {
         self.handler = handler
     }
 
+    /// While a resubscription's answer is on its way (``holdEvents()``), the
+    /// events that follow it on the connection wait here: the answer is
+    /// handled on a task, the events on the reader thread, and a newer event
+    /// must not be applied before the older state it follows.
+    private var held: [ConcordEvent]?
+
+    func holdEvents() { lock.withLock { held = [] } }
+
+    /// Ends the hold: `first` (the resubscription's outcome, if any), then the
+    /// held events in order (a feed's replay, sent before the answer, and
+    /// whatever followed the answer). A no-op when nothing is held.
+    func releaseHeld(first: ConcordEvent? = nil) {
+        guard let events = takeHeld() else { return }
+        if let first { deliver(first) }
+        for e in events { deliver(e) }
+    }
+
+    /// Ends the hold, dropping what it held (the resubscription failed: the
+    /// next reconnection resynchronizes from scratch).
+    func dropHeld() { _ = takeHeld() }
+
+    private func takeHeld() -> [ConcordEvent]? {
+        lock.withLock {
+            defer { held = nil }
+            return held
+        }
+    }
+
     func yield(_ e: ConcordEvent) {
+        let waits = lock.withLock { () -> Bool in
+            guard held != nil else { return false }
+            held!.append(e)
+            return true
+        }
+        if !waits { deliver(e) }
+    }
+
+    private func deliver(_ e: ConcordEvent) {
         noteSeq(e.seq)
         // A model view's copy follows its events, so a resubscription starts from what we hold.
         if case .update(_, let model?, _, _, _) = e {
