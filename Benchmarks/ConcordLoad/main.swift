@@ -26,7 +26,7 @@ struct LoadOptions: ParsableCommand {
             Commands, with the options each reads [and their defaults]:
               codec        parse/encode MB/s of ConcordJSON [-n 200000]
               core         the engine alone on one thread, no sockets: µs per
-                           update [-n 200000 --subs 1 --kind key|model|none]
+                           update [-n 200000 --subs 1 --kind key|model|none|rename|posts]
               pipeline     pipelined updates/s on one connection [-n 200000]
               fanout       delivered events/s, S subscribers on one view
                            [-s 100 -n 20000 --kind key|model|ids]
@@ -61,7 +61,7 @@ struct LoadOptions: ParsableCommand {
     @Option(name: [.customShort("s"), .customLong("subs")], help: "Subscribers or subscriber connections (default per command).")
     var subs: Int?
 
-    @Option(help: "View kind: key, model, ids (fanout); key, model, none (core).")
+    @Option(help: "View kind: key, model, ids (fanout); key, model, none, rename, posts (core).")
     var kind: String?
 
     @Option(help: "subs: yes to subscribe every connection to one shared key.")
@@ -299,6 +299,41 @@ case "core":
         #"{"id":"E:\#(i)","t":\#(v),"name":"Ada Lovelace","title":"Analyst","bio":"First to publish an algorithm intended for a machine; notes on the Analytical Engine.","tags":["math","poetry"],"v":\#(v)}"#
     }
     engine.open(0)
+    if kind == "rename" {
+        // The query workload's propagation: 10,000 posts by 100 authors; each
+        // update renames an author, whose 100 posts are re-materialized.
+        for i in 0..<10_000 {
+            engine.handleLine(Array(#"{"op":"update","model":{"id":"Post:\#(i)","date":\#(i),"title":"Post number \#(i)","author":{"id":"Person:\#(i % 100)","name":"Person \#(i % 100)"}}}"#.utf8), from: 0)
+        }
+        _ = engine.takeOutput()
+        let lines = (0..<n).map { k in Array(#"{"op":"update","model":{"id":"Person:\#(k % 100)","name":"Person \#(k % 100) renamed \#(k)"}}"#.utf8) }
+        let t = now()
+        measuredLoop(engine, lines)
+        let s = now() - t
+        print(String(format: "core: %d renames, each re-materializing 100 posts: %.2f µs per rename (%.3f µs per post)", n, s / Double(n) * 1e6, s / Double(n) * 1e4))
+        break
+    }
+    if kind == "posts" {
+        // concord-bench's live-query writes with no query (its "0 subs" row):
+        // 100,000 posts by 1,000 authors; 5 in 10 updates merge a new date,
+        // 3 in 10 merge another author, 2 in 10 rename an author (100 posts each).
+        for i in 0..<100_000 {
+            engine.handleLine(Array(#"{"op":"update","model":{"id":"Post:\#(i)","date":\#(i),"title":"Post number \#(i)","author":{"id":"Person:\#(i % 1000)","name":"Person \#(i % 1000)"}}}"#.utf8), from: 0)
+        }
+        _ = engine.takeOutput()
+        var rng = SplitMix(seed: 7)
+        let lines = (0..<n).map { k -> [UInt8] in
+            let r = Int(rng.next() % 10), p = Int(rng.next() % 100_000), a = Int(rng.next() % 1000)
+            if r < 5 { return Array(#"{"op":"update","mode":"merge","model":{"id":"Post:\#(p)","date":\#(100_000 + k)}}"#.utf8) }
+            if r < 8 { return Array(#"{"op":"update","mode":"merge","model":{"id":"Post:\#(p)","author":{"id":"Person:\#(a)"}}}"#.utf8) }
+            return Array(#"{"op":"update","model":{"id":"Person:\#(a)","name":"Person \#(a) renamed \#(k)"}}"#.utf8)
+        }
+        let t = now()
+        measuredLoop(engine, lines)
+        let s = now() - t
+        print(String(format: "core: %d updates of the live-query mix, no query: %.2f µs per update", n, s / Double(n) * 1e6))
+        break
+    }
     for i in 0..<100 { engine.handleLine(Array(#"{"op":"update","key":"k\#(i)","model":\#(entity(i, 0))}"#.utf8), from: 0) }
     if kind != "none" {
         for c in 1...max(subs, 1) {
@@ -527,4 +562,27 @@ case "first-get":
 
 default:
     break  // validate() admits only the commands above
+}
+
+/// A small deterministic generator (the same lines on every run).
+struct SplitMix {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// The timed part of `core --kind rename|posts`, apart so that callgrind can
+/// count it alone (`--toggle-collect='*measuredLoop*'`).
+@inline(never)
+func measuredLoop(_ engine: Engine, _ lines: [[UInt8]]) {
+    for l in lines {
+        engine.handleLine(l, from: 0)
+        _ = engine.takeOutput()
+    }
 }

@@ -111,7 +111,11 @@ extension Engine {
     /// reader (encoder, record codec, SDK) can then rely on that bound.
     private func checkStoredDepth(_ change: StoreChange) throws(ProtocolError) {
         let limit = configuration.maxDepth - 1
+        // Referrers refreshed by substitution (an author's hundred posts)
+        // nest deeper only when an entity written here does: then all are walked.
+        let skipSubstituted = change.valueChanged.count > 1 && !store.aHeldEntityNestsDeeper(among: change.valueChanged, limit: limit)
         for id in change.valueChanged {
+            if skipSubstituted && store.onlySubstituted(id) { continue }
             if let v = store.entity(id), v.nests(deeperThan: limit) {
                 throw ProtocolError(.tooDeep, "the value of '\(clipID(id))' would nest deeper than \(limit) levels with its entities; nothing was applied")
             }

@@ -123,6 +123,7 @@ extension Store {
     /// `changed`: false for a forced rewrite of an unchanged entity (its
     /// `update` changes are sent, but the list did not change).
     func refreshInCollections<S: Sequence<String>>(_ ids: S, changed: Bool = true) {
+        if collectionReferrers.isEmpty { return }
         // Gathered first, then recorded per collection in index order: the
         // ids come from a Set, whose iteration order differs between
         // processes, and an event's `changes` must be the same bytes on every

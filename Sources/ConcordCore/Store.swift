@@ -12,6 +12,22 @@ import ConcordProtocol
 final class EntityRecord {
     var value: JSON
     var children: [String: Int]
+    /// Which propagation last visited this record (`Store.walkGeneration`)
+    /// and how far: marks instead of `Set<String>`s of identities, so a
+    /// referrer's refresh hashes no identity to know whether it was seen.
+    var walkGeneration: UInt64 = 0
+    var walkState: WalkState = .none
+    /// What the running mutation did to this record: `Store.mutationGeneration`
+    /// shifted left by 2, with `written` / `substituted` in the low bits
+    /// (stale when the generation differs).
+    var mutationMark: UInt64 = 0
+
+    enum WalkState: UInt8 {
+        case none, pending, inProgress, done
+    }
+
+    static let written: UInt64 = 1
+    static let substituted: UInt64 = 2
 
     init(value: JSON, children: [String: Int]) {
         self.value = value
@@ -102,8 +118,41 @@ final class Store {
         tree = Tree(idKey: idKey)
     }
 
+    /// Bumped when a mutation ends (commit or rollback): records' `mutationMark`s
+    /// of another generation are stale.
+    private var mutationGeneration: UInt64 = 1
+
+    @inline(__always)
+    private func markMutation(_ rec: EntityRecord, _ what: UInt64) {
+        let base = mutationGeneration << 2
+        rec.mutationMark = (rec.mutationMark & ~3) == base ? rec.mutationMark | what : base | what
+    }
+
+    /// True when the running mutation changed `id` only by substituting its
+    /// children's new versions (a referrer refreshed), never by writing it.
+    func onlySubstituted(_ id: String) -> Bool {
+        guard let rec = entities[id] else { return false }
+        return rec.mutationMark == (mutationGeneration << 2 | EntityRecord.substituted)
+    }
+
+    /// Whether some entity written by the running mutation, and held by
+    /// another, now nests deeper than before it: when none does, no entity
+    /// refreshed by substitution nests deeper than before either (it holds
+    /// its children's new versions where it held their old ones), so the
+    /// stored-depth check can skip them.
+    /// `limit`: the stored-depth bound (heights are compared up to one above it).
+    func aHeldEntityNestsDeeper(among ids: Set<String>, limit: Int) -> Bool {
+        for id in ids {
+            guard let rec = entities[id], rec.mutationMark & EntityRecord.written != 0,
+                  rec.mutationMark >> 2 == mutationGeneration, referrers[id] != nil else { continue }
+            if rec.value.height(cappedAt: limit + 1) > valueBeforeMutation(id).height(cappedAt: limit + 1) { return true }
+        }
+        return false
+    }
+
     /// Forgets the journal: the running mutation is committed.
     func commit() {
+        mutationGeneration &+= 1
         if !entityJournal.isEmpty { entityJournal.removeAll(keepingCapacity: true) }
         if !documentJournal.isEmpty { documentJournal.removeAll(keepingCapacity: true) }
         if !collectionUndo.isEmpty { collectionUndo.removeAll(keepingCapacity: true) }
@@ -339,44 +388,79 @@ final class Store {
         documents extraDocs: Set<String> = [],
         into change: inout StoreChange
     ) {
-        // Upward closure through referrers.
-        var toRefresh: Set<String> = extraSeeds
-        var queue = Array(changed) + Array(extraSeeds)
+        // Upward closure through referrers, marked on the records (a
+        // referrer is resident: the index is kept from resident records'
+        // children; deleted records are gone from `entities` by now).
+        walkGeneration &+= 1
+        let generation = walkGeneration
+        for id in written { entities[id]?.mark(generation, .done) }
+        var toRefresh: [(id: String, record: EntityRecord)] = []
+        // (identity, whether it is itself to be refreshed)
+        var queue: [(String, Bool)] = []
+        queue.reserveCapacity(changed.count + extraSeeds.count)
+        for id in changed { queue.append((id, false)) }
+        for id in extraSeeds {
+            guard let rec = entities[id], rec.walkGeneration != generation else { continue }
+            rec.mark(generation, .pending)
+            toRefresh.append((id, rec))
+            queue.append((id, true))
+        }
+        // Whether a record to refresh holds another: only then does the
+        // order matter (a referrer of the changed entities alone, the common
+        // case, has no child to refresh first, and its children are not looked up).
+        var chained = false
         var docs = extraDocs
-        while let id = queue.popLast() {
-            docs.formUnion((documentReferrers[id] ?? [:]).keys)
-            for r in (referrers[id] ?? [:]).keys where !written.contains(r) && !deleted.contains(r) {
-                if toRefresh.insert(r).inserted { queue.append(r) }
+        let hasDocuments = !documentReferrers.isEmpty
+        while let (id, isRefreshed) = queue.popLast() {
+            if hasDocuments, let holders = documentReferrers[id] { docs.formUnion(holders.keys) }
+            guard let holders = referrers[id] else { continue }
+            if isRefreshed { chained = true }
+            for r in holders.keys {
+                guard let rec = entities[r], rec.walkGeneration != generation else { continue }
+                rec.mark(generation, .pending)
+                toRefresh.append((r, rec))
+                queue.append((r, true))
             }
         }
-        // Children first: a DFS over the set, refreshing on the way out.
-        var done: Set<String> = []
-        var inProgress: Set<String> = []
+        // Children first: a DFS over the marked records, refreshing on the
+        // way out. Without deletes every one of them changes (it embeds a
+        // child whose materialized value changed), so no comparison is
+        // needed; with deletes, pruning decides.
+        change.valueChanged.reserveCapacity(change.valueChanged.count + toRefresh.count)
         let requiredFn: (String) -> Set<String>? = { self.required[$0] }
-        func refresh(_ id: String) {
-            if done.contains(id) || inProgress.contains(id) { return }
-            guard let rec = entities[id] else { return }
-            inProgress.insert(id)
-            for c in rec.children.keys where toRefresh.contains(c) { refresh(c) }
-            let old = rec.value
-            let new: JSON
-            if deleted.isEmpty {
-                new = tree.substituteNested(old) { self.entities[$0]?.value }
-            } else if case .kept(let v) = tree.prune(old, deleted: deleted, required: requiredFn, current: { self.entities[$0]?.value }) {
-                new = v
-            } else {
-                new = old  // cascades were decided before; unreachable
+        let pruning = !deleted.isEmpty
+        // Siblings usually hold the same changed child (an author's posts):
+        // the last lookup is remembered, by identity.
+        var lastID = ""
+        var lastValue: JSON? = nil
+        func current(_ id: String) -> JSON? {
+            if id == lastID { return lastValue }
+            lastID = id
+            lastValue = entities[id]?.value
+            return lastValue
+        }
+        func refresh(_ id: String, _ rec: EntityRecord) {
+            guard rec.walkState == .pending else { return }
+            rec.walkState = .inProgress
+            if chained {
+                for c in rec.children.keys {
+                    if let child = entities[c], child.walkGeneration == generation, child.walkState == .pending { refresh(c, child) }
+                }
             }
-            if old != new {
-                // Substituting current values keeps the same nested
-                // identities; pruning deletes may drop some.
-                if deleted.isEmpty { refreshEntity(rec, id, new) } else { setEntity(id, new) }
+            let old = rec.value
+            if !pruning {
+                let new = tree.substituteNested(old) { current($0) }
+                assert(extraSeeds.isEmpty && old != new, "a referrer of a changed entity always changes")
+                refreshEntity(rec, id, new)
+                change.valueChanged.insert(id)
+            } else if case .kept(let new) = tree.prune(old, deleted: deleted, required: requiredFn, current: { current($0) }), old != new {
+                // Pruning deletes may drop nested identities: a full write.
+                setEntity(id, new)
                 change.valueChanged.insert(id)
             }
-            inProgress.remove(id)
-            done.insert(id)
+            rec.walkState = .done
         }
-        for id in toRefresh { refresh(id) }
+        for (id, rec) in toRefresh { refresh(id, rec) }
         if !deleted.isEmpty { removeFromCollections(deleted) }
         refreshInCollections(change.valueChanged)
         for key in docs {
@@ -419,10 +503,27 @@ final class Store {
 
     // MARK: Bookkeeping
 
+    /// Bumped by every propagation; records carry the one that last visited them.
+    private var walkGeneration: UInt64 = 0
+
+    /// Whether the running mutation touched `rec` (then its first value is in
+    /// the journal: a resident record is journaled before it is marked, and
+    /// a record replaced within the mutation was journaled by identity first).
+    @inline(__always)
+    private func touchedInThisMutation(_ rec: EntityRecord) -> Bool {
+        rec.mutationMark >> 2 == mutationGeneration
+    }
+
     private func setEntity(_ id: String, _ value: JSON) {
-        if entityJournal[id] == nil { entityJournal[id] = .some(entities[id]?.value) }
+        let resident = entities[id]
+        if let resident {
+            if !touchedInThisMutation(resident) { entityJournal[id] = .some(resident.value) }
+        } else if entityJournal[id] == nil {
+            entityJournal[id] = .some(nil)
+        }
         let newChildren = tree.nestedEntities(value)
-        if let rec = entities[id] {
+        if let rec = resident {
+            markMutation(rec, EntityRecord.written)
             if rec.children != newChildren {
                 for (c, n) in rec.children { adjustReferrer(of: c, entity: id, by: -n) }
                 for (c, n) in newChildren { adjustReferrer(of: c, entity: id, by: n) }
@@ -430,7 +531,9 @@ final class Store {
             }
             rec.value = value
         } else {
-            entities[id] = EntityRecord(value: value, children: newChildren)
+            let rec = EntityRecord(value: value, children: newChildren)
+            markMutation(rec, EntityRecord.written)
+            entities[id] = rec
             for (c, n) in newChildren { adjustReferrer(of: c, entity: id, by: n) }
         }
     }
@@ -438,7 +541,8 @@ final class Store {
     /// A new materialized value with the same nested identities (a child's
     /// new version substituted): the normalized structure stays as it is.
     private func refreshEntity(_ rec: EntityRecord, _ id: String, _ value: JSON) {
-        if entityJournal[id] == nil { entityJournal[id] = .some(rec.value) }
+        if !touchedInThisMutation(rec) { entityJournal[id] = .some(rec.value) }
+        markMutation(rec, EntityRecord.substituted)
         rec.value = value
     }
 
@@ -494,6 +598,14 @@ func clipID(_ s: String) -> String {
 }
 
 // MARK: - Internal consistency (CONCORD_INTERNAL_CHECKS)
+
+extension EntityRecord {
+    @inline(__always)
+    func mark(_ generation: UInt64, _ state: WalkState) {
+        walkGeneration = generation
+        walkState = state
+    }
+}
 
 extension Store {
     /// Every way the normalized structure can disagree with itself, as

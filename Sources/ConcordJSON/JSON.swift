@@ -321,6 +321,25 @@ extension JSON {
     /// array is one level more than its deepest member; a scalar is 0). The
     /// walk stops as soon as it knows, so its recursion never goes deeper
     /// than `limit + 1`.
+    /// How deeply the value nests (an object or array is one level more than
+    /// its deepest member; a scalar is 0), or `cap` when it nests at least
+    /// that deeply: the walk never recurses deeper than `cap`.
+    public func height(cappedAt cap: Int) -> Int {
+        guard cap > 0 else { return 0 }
+        switch self {
+        case .object(let o):
+            var h = 0
+            for m in o.members where h < cap - 1 { h = Swift.max(h, m.value.height(cappedAt: cap - 1)) }
+            return h + 1
+        case .array(let a):
+            var h = 0
+            for v in a where h < cap - 1 { h = Swift.max(h, v.height(cappedAt: cap - 1)) }
+            return h + 1
+        default:
+            return 0
+        }
+    }
+
     public func nests(deeperThan limit: Int) -> Bool {
         switch self {
         case .object(let o):

@@ -82,4 +82,35 @@ struct StoredDepthTests {
         #expect(a.error(#"{"op":"update","mode":"merge","key":"k","model":{"a":{"b":{"id":"Q:1"}}}}"#) == "too_deep")
         #expect(h.engine.store.document("k") == nil)
     }
+
+    /// Holders refreshed by substitution are walked only when a written
+    /// entity they hold nests deeper than before: a grandchild's growth
+    /// reaches the grandparent, a rename that keeps the depth does not.
+    @Test func aGrandchildGrowingPastTheLimitThroughItsHoldersIsRefused() {
+        var config = EngineConfiguration()
+        config.maxDepth = 10
+        let h = EngineHarness(configuration: config)
+        let a = h.connect()
+        // C:1 is 3 deep; B:1 holds it 1 down (4); A:1 holds B:1 2 down (6).
+        a.ok(#"{"op":"update","model":\#(Self.nested(3, id: "C:1"))}"#)
+        a.ok(#"{"op":"update","mode":"merge","model":{"id":"B:1","c":{"id":"C:1"}}}"#)
+        a.ok(#"{"op":"update","mode":"merge","model":{"id":"A:1","a":{"b":{"id":"B:1"}}}}"#)
+        #expect(h.engine.store.entity("A:1")?.height(cappedAt: 20) == 6)
+        // Same depth, new value: every holder refreshed, nothing refused.
+        a.ok(#"{"op":"update","model":{"id":"C:1","x":{"x":{"y":1}}}}"#)
+        #expect(h.engine.store.entity("A:1")?["a"]?["b"]?["c"]?["x"]?["x"]?["y"] == 1)
+        // C:1 at 6: B:1 7, A:1 9 ≤ 9: taken.
+        a.ok(#"{"op":"update","model":\#(Self.nested(6, id: "C:1"))}"#)
+        #expect(h.engine.store.entity("A:1")?.height(cappedAt: 20) == 9)
+        // C:1 at 7 makes B:1 8 (fine) and A:1 10 (> 9): refused, all unchanged.
+        let seq = h.engine.seq
+        #expect(a.error(#"{"op":"update","model":\#(Self.nested(7, id: "C:1"))}"#) == "too_deep")
+        #expect(h.engine.seq == seq)
+        #expect(h.engine.store.entity("A:1")?.height(cappedAt: 20) == 9)
+        #expect(h.engine.store.entity("C:1")?.height(cappedAt: 20) == 6)
+        // In a batch, the growth comes from an earlier op's write: refused too.
+        #expect(a.error(#"{"op":"batch","ops":[{"op":"update","model":{"id":"D:1","v":1}},{"op":"update","model":\#(Self.nested(7, id: "C:1"))}]}"#) == "too_deep")
+        #expect(h.engine.store.entity("D:1") == nil)
+        #expect(h.engine.store.invariantViolations().isEmpty)
+    }
 }
