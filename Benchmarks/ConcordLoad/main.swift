@@ -26,7 +26,7 @@ struct LoadOptions: ParsableCommand {
             Commands, with the options each reads [and their defaults]:
               codec        parse/encode MB/s of ConcordJSON [-n 200000]
               core         the engine alone on one thread, no sockets: µs per
-                           update [-n 200000 --subs 1 --kind key|model|none|rename|posts]
+                           update [-n 200000 --subs 1 --kind key|model|none|rename|posts|range]
               pipeline     pipelined updates/s on one connection [-n 200000]
               fanout       delivered events/s, S subscribers on one view
                            [-s 100 -n 20000 --kind key|model|ids]
@@ -61,7 +61,7 @@ struct LoadOptions: ParsableCommand {
     @Option(name: [.customShort("s"), .customLong("subs")], help: "Subscribers or subscriber connections (default per command).")
     var subs: Int?
 
-    @Option(help: "View kind: key, model, ids (fanout); key, model, none, rename, posts (core).")
+    @Option(help: "View kind: key, model, ids (fanout); key, model, none, rename, posts, range (core).")
     var kind: String?
 
     @Option(help: "subs: yes to subscribe every connection to one shared key.")
@@ -313,12 +313,20 @@ case "core":
         print(String(format: "core: %d renames, each re-materializing 100 posts: %.2f µs per rename (%.3f µs per post)", n, s / Double(n) * 1e6, s / Double(n) * 1e4))
         break
     }
-    if kind == "posts" {
+    if kind == "posts" || kind == "range" {
         // concord-bench's live-query writes with no query (its "0 subs" row):
         // 100,000 posts by 1,000 authors; 5 in 10 updates merge a new date,
         // 3 in 10 merge another author, 2 in 10 rename an author (100 posts each).
         for i in 0..<100_000 {
             engine.handleLine(Array(#"{"op":"update","model":{"id":"Post:\#(i)","date":\#(i),"title":"Post number \#(i)","author":{"id":"Person:\#(i % 1000)","name":"Person \#(i % 1000)"}}}"#.utf8), from: 0)
+        }
+        if kind == "range" {
+            // concord-bench's range-predicate row: 1,000 views, one subscriber
+            // each, `date ≥ a and date < b` over spans of 100 posts.
+            engine.open(1)
+            for v in 0..<1000 {
+                engine.handleLine(Array(#"{"op":"subscribe","sub":"q\#(v)","query":{"type":"Post","where":{"all":[{"path":"date","gte":\#(v * 100)},{"path":"date","lt":\#((v + 1) * 100)}]},"order":[{"path":"date","desc":true}],"limit":20}}"#.utf8), from: 1)
+            }
         }
         _ = engine.takeOutput()
         var rng = SplitMix(seed: 7)
@@ -331,7 +339,7 @@ case "core":
         let t = now()
         measuredLoop(engine, lines)
         let s = now() - t
-        print(String(format: "core: %d updates of the live-query mix, no query: %.2f µs per update", n, s / Double(n) * 1e6))
+        print(String(format: "core: %d updates of the live-query mix, %@: %.2f µs per update", n, kind == "range" ? "1,000 range views" : "no query", s / Double(n) * 1e6))
         break
     }
     for i in 0..<100 { engine.handleLine(Array(#"{"op":"update","key":"k\#(i)","model":\#(entity(i, 0))}"#.utf8), from: 0) }

@@ -28,7 +28,7 @@ extension Engine {
         for (key, view) in queries.views {
             if view.isEmpty { note("query view \(key) has no subscriber") }
             let prefix = view.spec.type + ":"
-            var expected: [OrderTree.Element] = []  // values: SortValue
+            var expected: [OrderTree<SortKey>.Element] = []  // values: SortValue
             for (id, v) in store.entities where id.hasPrefix(prefix) && view.matches(v.value) {
                 expected.append(.init(values: view.sortValues(v.value), id: id))
             }
@@ -53,6 +53,8 @@ extension Engine {
         }
         let held = queries.views.values.reduce(0) { $0 + $1.held }
         if held != queries.heldMembers { note("query views hold \(held) entities but \(queries.heldMembers) are counted") }
+        let rangeEntries = queries.types.values.reduce(0) { $0 + $1.entitiesByRange.values.reduce(0) { $0 + $1.count } }
+        if rangeEntries != queries.rangeIndexEntries { note("entity range indexes hold \(rangeEntries) entries but \(queries.rangeIndexEntries) are counted") }
         for (type, tq) in queries.types {
             let prefix = type + ":"
             for (i, v) in tq.unindexed.enumerated() where v.unindexedSlot != Int32(i) {
@@ -83,6 +85,17 @@ extension Engine {
                 }
                 let actual = (tq.entitiesByValue[pk] ?? [:]).filter { !$0.value.isEmpty }
                 if actual != expected { note("type \(type): the value index of \(entry.path) disagrees with the entities") }
+            }
+            for (pk, index) in tq.entitiesByRange {
+                if tq.ranges[pk] == nil { note("type \(type): an entity range index on \(index.path) outlived its views") }
+                let expected = inMemory.compactMap { id in index.key(store.entity(id)).map { (key: $0, id: id) } }.sorted {
+                    let c = RangeKey.compare($0.key, $1.key)
+                    return c != 0 ? c < 0 : QueryEval.compareStrings($0.id, $1.id) < 0
+                }
+                let actual = index.all()
+                if actual.map(\.id) != expected.map(\.id) || zip(actual, expected).contains(where: { RangeKey.compare($0.key, $1.key) != 0 }) {
+                    note("type \(type): the entity range index on \(index.path) disagrees with the entities")
+                }
             }
         }
         return problems

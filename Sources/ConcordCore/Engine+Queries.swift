@@ -35,6 +35,9 @@ final class TypeQueries {
     /// views without scanning the whole type). An entity's old key is read
     /// from its value before the mutation, so none is stored per entity.
     var entitiesByValue: [String: [String: Set<String>]] = [:]
+    /// path (joined by NUL) → the entities ordered by that path's value,
+    /// while a range view on the path lives (building range views).
+    var entitiesByRange: [String: RangeEntityIndex] = [:]
 }
 
 /// The query views one entity is a member of. Most entities are in one:
@@ -89,6 +92,10 @@ final class QueryRegistry {
     var retiringHead = 0
     /// The next view's serial number.
     var nextSerial: UInt32 = 0
+    /// Entries of every ``RangeEntityIndex``: an index is built only while
+    /// they stay within `--max-query-entities` (else the view is built by
+    /// testing every entity of its type, as without the index).
+    var rangeIndexEntries = 0
 }
 
 extension Engine {
@@ -130,10 +137,15 @@ extension Engine {
             }
             tq.paths[pk] = (idx.path, (tq.paths[pk]?.views ?? 0) + 1)
         } else {
-            for id in tq.entities { if let v = store.entity(id) { view.add(id, v) } }
+            let bounds = RangeBounds.of(view.condition)
+            if let r = bounds, let index = rangeEntityIndex(tq, r.path) {
+                for id in index.ids(from: r.lo, through: r.hi) { if let v = store.entity(id) { view.add(id, v) } }
+            } else {
+                for id in tq.entities { if let v = store.entity(id) { view.add(id, v) } }
+            }
             queries.nextSerial &+= 1
             view.serial = queries.nextSerial
-            if let r = RangeBounds.of(view.condition) {
+            if let r = bounds {
                 view.range = r
                 let pk = Self.pathKey(r.path)
                 if tq.ranges[pk] == nil { tq.ranges[pk] = (r.path, RangeTree()) }
@@ -163,6 +175,21 @@ extension Engine {
         for id in store.entities.keys where id.hasPrefix(prefix) { t.entities.insert(id) }
         queries.types[type] = t
         return t
+    }
+
+    /// The type's entities ordered by `path`, built on first use (one pass
+    /// over the type) unless that would pass the entries' budget.
+    private func rangeEntityIndex(_ tq: TypeQueries, _ path: QueryPath) -> RangeEntityIndex? {
+        let pk = Self.pathKey(path)
+        if let index = tq.entitiesByRange[pk] { return index }
+        guard queries.rangeIndexEntries + tq.entities.count <= configuration.maxQueryEntities else { return nil }
+        let index = RangeEntityIndex(path: path)
+        for id in tq.entities {
+            if let k = index.key(store.entity(id)) { index.insert(id, k) }
+        }
+        queries.rangeIndexEntries += index.count
+        tq.entitiesByRange[pk] = index
+        return index
     }
 
     private func ensureValueIndex(_ tq: TypeQueries, _ path: QueryPath) {
@@ -256,7 +283,10 @@ extension Engine {
             } else if let r = view.range {
                 let pk = Self.pathKey(r.path)
                 tq.ranges[pk]?.tree.remove(lo: r.lo, serial: view.serial)
-                if tq.ranges[pk]?.tree.count == 0 { tq.ranges[pk] = nil }
+                if tq.ranges[pk]?.tree.count == 0 {
+                    tq.ranges[pk] = nil
+                    if let index = tq.entitiesByRange.removeValue(forKey: pk) { queries.rangeIndexEntries -= index.count }
+                }
                 view.range = nil
                 used += 1
             } else if view.unindexedSlot >= 0, Int(view.unindexedSlot) < tq.unindexed.count, tq.unindexed[Int(view.unindexedSlot)] === view {
@@ -271,6 +301,8 @@ extension Engine {
             }
             tq.viewCount -= 1
             if tq.viewCount == 0 {
+                for index in tq.entitiesByRange.values { queries.rangeIndexEntries -= index.count }
+                tq.entitiesByRange = [:]
                 queries.types[view.spec.type] = nil
                 // Its entities may be evicted again; a later query lists them anew.
                 persistence?.loadedTypes.remove(view.spec.type)
@@ -352,6 +384,9 @@ extension Engine {
                     if let oldKey { tq.entitiesByValue[pk]?[oldKey]?.remove(id) }
                     if let newKey { tq.entitiesByValue[pk]?[newKey, default: []].insert(id) }
                 }
+            }
+            for index in tq.entitiesByRange.values {
+                queries.rangeIndexEntries += index.move(id, from: before == .null ? nil : before, to: value)
             }
             // Candidates: where it is, where its new value may put it, and the unindexed.
             // Dropped views are skipped (they are being unfiled).
@@ -483,6 +518,7 @@ extension Engine {
         queries.types = [:]
         queries.memberOf = [:]
         queries.heldMembers = 0
+        queries.rangeIndexEntries = 0
         queries.retiring = []
         queries.retiringHead = 0
     }

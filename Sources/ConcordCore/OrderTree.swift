@@ -7,9 +7,11 @@ import ConcordJSON
 ///
 /// Elements are (sort values, identity); `less` orders them and must be a
 /// strict total order (the identity breaks ties, so no two elements are equal).
-struct OrderTree {
+/// A view's members are ordered by their ``SortKey``; the range index of a
+/// type's entities by the ``RangeKey`` of one path.
+struct OrderTree<Values> {
     struct Element {
-        var values: SortKey
+        var values: Values
         var id: String
     }
 
@@ -21,8 +23,13 @@ struct OrderTree {
     private var free: [Int32] = []
     private var root: Int32 = -1
     let less: (Element, Element) -> Bool
+    /// What a freed node holds (its values are released at once).
+    private let vacant: Values
 
-    init(less: @escaping (Element, Element) -> Bool) { self.less = less }
+    init(vacant: Values, less: @escaping (Element, Element) -> Bool) {
+        self.vacant = vacant
+        self.less = less
+    }
 
     var count: Int { root < 0 ? 0 : Int(size[Int(root)]) }
 
@@ -124,7 +131,7 @@ struct OrderTree {
             right[Int(n)] = removeNode(right[Int(n)], e)
         } else {
             let m = merge(left[Int(n)], right[Int(n)])
-            elements[Int(n)] = Element(values: SortKey(), id: "")
+            elements[Int(n)] = Element(values: vacant, id: "")
             free.append(n)
             return m
         }
@@ -145,6 +152,22 @@ struct OrderTree {
                 n = left[Int(n)]
             } else {
                 return r + Int(sz(left[Int(n)]))
+            }
+        }
+        return r
+    }
+
+    /// How many elements, from the first, satisfy `below` (which must hold
+    /// for a prefix of the order and for nothing after it): O(log n).
+    func prefixCount(_ below: (Element) -> Bool) -> Int {
+        var n = root
+        var r = 0
+        while n >= 0 {
+            if below(elements[Int(n)]) {
+                r += Int(sz(left[Int(n)])) + 1
+                n = right[Int(n)]
+            } else {
+                n = left[Int(n)]
             }
         }
         return r

@@ -14,7 +14,7 @@ import ConcordProtocol
 final class QueryView: SharedView {
     let key: String
     let spec: QuerySpec
-    var tree: OrderTree
+    var tree: OrderTree<SortKey>
     /// The condition, prepared (hash sets for `in` lists).
     let condition: CompiledCondition?
     /// A member: its node in the tree (which holds its sort values) and its
@@ -56,7 +56,7 @@ final class QueryView: SharedView {
         self.spec = spec
         condition = spec.condition.map(CompiledCondition.init)
         let order = spec.order
-        tree = OrderTree { a, b in
+        tree = OrderTree(vacant: SortKey()) { a, b in
             for i in order.indices {
                 var c = SortValue.compare(a.values[i], b.values[i])
                 if order[i].descending { c = -c }

@@ -249,3 +249,58 @@ struct RangeTree {
         return out
     }
 }
+
+/// A type's entities in memory ordered by the value of one path (its
+/// ``RangeKey``), kept while a range view on that path lives: a new range
+/// view is built from the entities its range can hold, in O(log n + k),
+/// instead of testing every entity of the type (100,000 posts: a scan of
+/// ~60 ms on the sequencer per definition). Entities whose value at the path
+/// is not a number or a string are not in it — no range can hold them, as
+/// for ``RangeTree``. A class: the engine updates it in place through its table.
+final class RangeEntityIndex {
+    let path: QueryPath
+    private var tree = OrderTree<RangeKey>(vacant: .start(.number)) { a, b in
+        let c = RangeKey.compare(a.values, b.values)
+        return c != 0 ? c < 0 : QueryEval.compareStrings(a.id, b.id) < 0
+    }
+
+    init(path: QueryPath) { self.path = path }
+
+    var count: Int { tree.count }
+
+    /// The key `value` is filed under, nil when none.
+    func key(_ value: JSON?) -> RangeKey? {
+        guard let value, let x = QueryEval.value(value, path) else { return nil }
+        return RangeKey(x)
+    }
+
+    func insert(_ id: String, _ k: RangeKey) { tree.insert(.init(values: k, id: id)) }
+    func remove(_ id: String, _ k: RangeKey) { tree.remove(.init(values: k, id: id)) }
+
+    /// Moves `id` from the key of `old` to the key of `new`; returns the change in entries.
+    func move(_ id: String, from old: JSON?, to new: JSON?) -> Int {
+        let a = key(old), b = key(new)
+        switch (a, b) {
+        case (nil, nil): return 0
+        case (let a?, nil): remove(id, a); return -1
+        case (nil, let b?): insert(id, b); return 1
+        case (let a?, let b?):
+            if RangeKey.compare(a, b) == 0 { return 0 }
+            remove(id, a)
+            insert(id, b)
+            return 0
+        }
+    }
+
+    /// The identities whose key lies in `lo ... hi`, in key order.
+    func ids(from lo: RangeKey, through hi: RangeKey) -> [String] {
+        let first = tree.prefixCount { RangeKey.compare($0.values, lo) < 0 }
+        let end = tree.prefixCount { RangeKey.compare($0.values, hi) <= 0 }
+        return tree.ids(first..<end)
+    }
+
+    /// Every (key, identity), in order (for the internal checks).
+    func all() -> [(key: RangeKey, id: String)] {
+        (0..<tree.count).map { let e = tree.select($0); return (e.values, e.id) }
+    }
+}

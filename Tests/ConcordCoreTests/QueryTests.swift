@@ -370,6 +370,47 @@ import Testing
         }
     }
 
+    /// A range view is built from the type's entities ordered by its path
+    /// (not by testing every entity), kept while a range view on the path
+    /// lives and within the entries' budget; without the index (over budget)
+    /// the same view is built by testing them all. Same items either way.
+    @Test(arguments: [4_000_000, 100])
+    func rangeViewsAreBuiltFromTheEntitiesOrderedByTheirPath(budget: Int) {
+        var config = EngineConfiguration()
+        config.maxQueryEntities = budget
+        let h = EngineHarness(configuration: config)
+        let c = h.connect()
+        // 120 posts: numeric dates (some fractional), string dates, none
+        // (110 with a date: the index's entries when the budget allows them).
+        var lines: [String] = []
+        for i in 0..<120 {
+            let date = i % 10 == 0 ? #""d\#(i)""# : (i % 7 == 0 ? "\(i).5" : "\(i)")
+            lines.append(i % 13 == 0 ? #"{"op":"update","model":{"id":"Post:\#(i)"}}"# : #"{"op":"update","model":{"id":"Post:\#(i)","date":\#(date)}}"#)
+        }
+        for l in lines { c.ok(l) }
+        let q1 = #"{"type":"Post","where":{"all":[{"path":"date","gte":20},{"path":"date","lt":35}]},"order":[{"path":"date"}]}"#
+        let r1 = c.ok(#"{"op":"subscribe","sub":"a","query":\#(q1)}"#)
+        // 20…34: 20 and 30 are strings, 26 has no date, 21 and 28 are 21.5 and 28.5.
+        let dates1 = (r1["items"]?.arrayValue ?? []).compactMap { $0["date"]?.numberValue.flatMap { Double($0.text) } }
+        #expect(dates1 == [21.5, 22, 23, 24, 25, 27, 28.5, 29, 31, 32, 33, 34])
+        #expect(h.engine.queries.rangeIndexEntries == (budget > 1000 ? 120 - 10 : 0))
+        // Changes after the build move entries; a second view on the path reads them.
+        c.ok(#"{"op":"update","model":{"id":"Post:26","date":26}}"#)
+        c.ok(#"{"op":"delete","id":"Post:21"}"#)
+        c.ok(#"{"op":"update","model":{"id":"Post:200","date":"d2"}}"#)
+        let q2 = #"{"type":"Post","where":{"path":"date","prefix":"d"},"order":[{"path":"date"}]}"#
+        let r2 = c.ok(#"{"op":"subscribe","sub":"b","query":\#(q2)}"#)
+        #expect((r2["items"]?.arrayValue ?? []).compactMap { $0["date"]?.stringValue } == ["d10", "d100", "d110", "d2", "d20", "d30", "d40", "d50", "d60", "d70", "d80", "d90"])
+        let q3 = #"{"type":"Post","where":{"path":"date","lte":3}}"#
+        let r3 = c.ok(#"{"op":"subscribe","sub":"c","query":\#(q3)}"#)
+        #expect(r3["count"] == 3)  // 1, 2, 3 (Post:0 has no date)
+        // The index goes with the last range view on its path.
+        for s in ["a", "b", "c"] { c.ok(#"{"op":"unsubscribe","sub":"\#(s)"}"#) }
+        while h.engine.doDeferredWork(units: 64) {}
+        #expect(h.engine.queries.rangeIndexEntries == 0)
+        #expect(h.engine.invariantViolations().isEmpty)
+    }
+
     /// The range index's order: numbers before strings, strings by bytes, a
     /// prefix's end above every string it prefixes and below the next one.
     @Test func rangeKeysOrderAsTheIndexNeeds() {
