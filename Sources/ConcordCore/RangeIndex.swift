@@ -28,7 +28,7 @@ enum RangeKey {
     /// The key of a scalar a range can hold (a number or a string); nil otherwise.
     init?(_ v: JSON) {
         switch v {
-        case .number(let n): self = .number(Double(n.text) ?? 0)
+        case .number(let n): self = .number(n.doubleValue)
         case .string(let s): self = .string(s, beyond: false)
         default: return nil
         }

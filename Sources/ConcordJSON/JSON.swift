@@ -86,6 +86,32 @@ public struct JSONNumber: Sendable, CustomStringConvertible {
     /// The value as an Int when it is an integer that fits.
     public var intValue: Int? { isInteger ? Int(text) : nil }
 
+    /// The nearest Double. An integer lexeme of up to 15 digits (exact in a
+    /// Double) is read from its bytes, without the C library's `strtod`
+    /// (the range index keys every changed entity's value with it).
+    public var doubleValue: Double {
+        if let small = text.utf8.withContiguousStorageIfAvailable({ Self.smallInteger($0) }), let small {
+            return Double(small)
+        }
+        return Double(text) ?? 0
+    }
+
+    @inline(__always)
+    static func smallInteger(_ b: UnsafeBufferPointer<UInt8>) -> Int? {
+        var i = 0
+        let negative = b.first == UInt8(ascii: "-")
+        if negative { i = 1 }
+        guard b.count - i >= 1, b.count - i <= 15 else { return nil }
+        var v = 0
+        while i < b.count {
+            let d = b[i] &- UInt8(ascii: "0")
+            guard d < 10 else { return nil }
+            v = v * 10 + Int(d)
+            i += 1
+        }
+        return negative ? -v : v
+    }
+
     /// Orders two numbers by their exact decimal values: -1, 0 or 1.
     public func compareByValue(_ other: JSONNumber) -> Int {
         if isInteger && other.isInteger, let a = Int(text), let b = Int(other.text) {

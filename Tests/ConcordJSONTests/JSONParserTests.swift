@@ -53,6 +53,15 @@ struct JSONParserTests {
         #expect(w.objectValue?.count == 40)
     }
 
+    /// The Double of a number: small integers read from their bytes, the
+    /// rest through the C library — the same value as `Double(text)` always.
+    @Test func doubleValueIsTheNearestDouble() {
+        for t in ["0", "-0", "7", "-42", "123456789012345", "-123456789012345", "1234567890123456",
+                  "99999999999999999999", "1.5", "-2.25e3", "1E2", "0.1", "1e400", "-1e-400"] {
+            #expect(JSONNumber(unchecked: t).doubleValue == Double(t)!, "\(t)")
+        }
+    }
+
     @Test func numbersCompareByValue() throws {
         #expect(try parser.parse("1") == parser.parse("1.0"))
         #expect(try parser.parse("1") == parser.parse("10e-1"))
