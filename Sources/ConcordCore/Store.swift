@@ -393,7 +393,9 @@ final class Store {
         // children; deleted records are gone from `entities` by now).
         walkGeneration &+= 1
         let generation = walkGeneration
-        for id in written { entities[id]?.mark(generation, .done) }
+        // The written records are marked (never refreshed) once a referrer is
+        // found: an update that nobody holds looks nothing more up.
+        var writtenMarked = false
         var toRefresh: [(id: String, record: EntityRecord)] = []
         // (identity, whether it is itself to be refreshed)
         var queue: [(String, Bool)] = []
@@ -414,6 +416,10 @@ final class Store {
         while let (id, isRefreshed) = queue.popLast() {
             if hasDocuments, let holders = documentReferrers[id] { docs.formUnion(holders.keys) }
             guard let holders = referrers[id] else { continue }
+            if !writtenMarked {
+                writtenMarked = true
+                for w in written { entities[w]?.mark(generation, .done) }
+            }
             if isRefreshed { chained = true }
             for r in holders.keys {
                 guard let rec = entities[r], rec.walkGeneration != generation else { continue }
@@ -426,7 +432,9 @@ final class Store {
         // way out. Without deletes every one of them changes (it embeds a
         // child whose materialized value changed), so no comparison is
         // needed; with deletes, pruning decides.
-        change.valueChanged.reserveCapacity(change.valueChanged.count + toRefresh.count)
+        // (Only when there is something to add: `changed` may share the set's
+        // storage, and reserving would copy it.)
+        if !toRefresh.isEmpty { change.valueChanged.reserveCapacity(change.valueChanged.count + toRefresh.count) }
         let requiredFn: (String) -> Set<String>? = { self.required[$0] }
         let pruning = !deleted.isEmpty
         // Siblings usually hold the same changed child (an author's posts):
