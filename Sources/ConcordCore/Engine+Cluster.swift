@@ -283,6 +283,28 @@ extension Engine {
         }
     }
 
+    /// Mutation `ref` of `c` came back from the log: the connection's older
+    /// mutations still waiting are answered first, so answers stay in request
+    /// order. One host's appends enter the log in the order they were made,
+    /// so an older one still waiting is an entry the log lost (a failover
+    /// that dropped the log's tail while this one was appended after it);
+    /// the driver may still hold it, so its outcome is not known. A failure
+    /// that waited behind it is answered in its turn.
+    func answerOlderLogPending(_ c: ClientSession, before ref: Int, _ cl: ClusterState) {
+        guard c.logPending.first != ref, c.logPending.contains(ref) else { return }
+        while let head = c.logPending.first, head != ref {
+            c.logPending.removeFirst()
+            if let f = c.logFailures.removeValue(forKey: head) {
+                respondError(c, rid: f.rid, f.error)
+                continue
+            }
+            let older = cl.pending.removeValue(forKey: head)
+            respondError(c, rid: older?.rid ?? .null, ProtocolError(
+                .unavailable, "the cluster log lost this mutation's entry; it may still be applied, once — retry with the same token to learn its outcome",
+                details: [("indeterminate", .bool(true))]))
+        }
+    }
+
     /// `sync` in cluster mode: waits for the log's head, then for this host to apply it.
     func parkForSync(_ c: ClientSession, _ parsed: ParsedLine, rid: JSON, timeoutMs: Int?, rerun: Bool, _ cl: ClusterState) {
         c.waitingSync = SyncWait(rid: rid, deadline: clock() + Double(timeoutMs ?? 5000) / 1000, target: nil, rerun: rerun)
@@ -405,6 +427,7 @@ extension Engine {
             var session = cl.sink
             if mine, let p = cl.pending.removeValue(forKey: ref), clients[p.client.id] === p.client {
                 session = p.client
+                answerOlderLogPending(session, before: ref, cl)
             }
             let outcome = applyLogged(Self.parse(line, parser: parser), session)
             cl.outcomes = ClusterState.fold(cl.outcomes, "\(entry.offset) \(ref) \(outcome)")
@@ -416,8 +439,7 @@ extension Engine {
                 }
                 cl.sink.output = OutputQueue()
             } else {
-                // One host's appends are applied in the order they were made, so
-                // this is the connection's oldest in the log.
+                // The connection's oldest in the log now (older ones were answered above).
                 popLogPending(session, ref)
                 drain(session)
             }

@@ -148,15 +148,8 @@ extension Engine {
         var answered: [ClientSession] = []
         for (ref, bytes) in shadow.cluster?.captured ?? [] {
             guard let p = cl.pending.removeValue(forKey: ref), clients[p.client.id] === p.client, !bytes.isEmpty else { continue }
-            // Older mutations of the connection that the log did not keep come
-            // first: they may still arrive (a retry in flight), so indeterminate.
-            while let head = p.client.logPending.first, head != ref {
-                let older = cl.pending.removeValue(forKey: head)
-                respondError(p.client, rid: older?.rid ?? .null, ProtocolError(
-                    .unavailable, "the cluster log lost this mutation's entry; it may still be applied, once — retry with the same token to learn its outcome",
-                    details: [("indeterminate", .bool(true))]))
-                popLogPending(p.client, head)
-            }
+            // Older mutations of the connection that the log did not keep come first.
+            answerOlderLogPending(p.client, before: ref, cl)
             p.client.output.append(bytes)
             responsesQueued += 1
             markDirty(p.client)

@@ -194,6 +194,41 @@ final class FakeCluster {
         #expect(late[1]["error"]?["code"] == "unavailable")
     }
 
+    @Test func aMutationTheLogLostIsAnsweredBeforeANewerOneThatCameBack() {
+        let cl = FakeCluster(hosts: 1)
+        let engine = cl.hosts[0].engine
+        let c = cl.hosts[0].connect()
+        c.post(#"{"rid":1,"op":"update","model":{"id":"A","v":1}}"#)
+        let first = engine.takeClusterAppends()
+        cl.log.append(origin: "h0#run", first)
+        // A failover: the log loses its tail (the first mutation) before this host read it…
+        cl.log.entries.removeAll()
+        cl.log.hash = ""
+        // …and the connection's next mutation goes in after it.
+        c.post(#"{"rid":2,"op":"update","model":{"id":"A","v":2}}"#)
+        c.post(#"{"rid":3,"op":"get","id":"A"}"#)
+        cl.pump()
+        let r = c.takeResponses()
+        #expect(r.map { $0["rid"] } == [1, 2, 3])
+        #expect(r.first?["error"]?["code"] == "unavailable" && r.first?["error"]?["indeterminate"] == true)
+        #expect(r.count == 3 && r[1]["seq"] == 1 && r[2]["model"]?["v"] == 2)
+        // Nothing is left to time out, and the connection is not waiting.
+        #expect(!engine.hasClusterWaits && !engine.isWaiting(c.id))
+        // A failure that waited behind the lost one is answered in its turn.
+        c.post(#"{"rid":4,"op":"update","model":{"id":"A","v":4}}"#)
+        let fourth = engine.takeClusterAppends()
+        c.post(#"{"rid":5,"op":"update","model":{"id":"A","v":5}}"#)
+        let fifth = engine.takeClusterAppends()
+        c.post(#"{"rid":6,"op":"update","model":{"id":"A","v":6}}"#)
+        engine.clusterEvent(.appendFailed(refs: fifth.map(\.ref), indeterminate: false, reason: "test"))
+        #expect(c.takeResponses().isEmpty)
+        _ = fourth
+        cl.pump()
+        let late = c.takeResponses()
+        #expect(late.map { $0["rid"] } == [4, 5, 6])
+        #expect(late.count == 3 && late[0]["error"]?["indeterminate"] == true && late[1]["error"]?["code"] == "unavailable" && late[2]["seq"] == 2)
+    }
+
     @Test func randomOperationsOnThreeHostsLeaveEqualStates() {
         var rng = SplitMix(seed: 0xC0FFEE)
         let cl = FakeCluster(hosts: 3)
