@@ -26,7 +26,7 @@ struct LoadOptions: ParsableCommand {
             Commands, with the options each reads [and their defaults]:
               codec        parse/encode MB/s of ConcordJSON [-n 200000]
               core         the engine alone on one thread, no sockets: µs per
-                           update [-n 200000 --subs 1 --kind key|model|none|rename|posts|range]
+                           update [-n 200000 --subs 1 --kind key|model|none|rename|posts|range|pages]
               pipeline     pipelined updates/s on one connection [-n 200000]
               fanout       delivered events/s, S subscribers on one view
                            [-s 100 -n 20000 --kind key|model|ids]
@@ -61,7 +61,7 @@ struct LoadOptions: ParsableCommand {
     @Option(name: [.customShort("s"), .customLong("subs")], help: "Subscribers or subscriber connections (default per command).")
     var subs: Int?
 
-    @Option(help: "View kind: key, model, ids (fanout); key, model, none, rename, posts, range (core).")
+    @Option(help: "View kind: key, model, ids (fanout); key, model, none, rename, posts, range, pages (core).")
     var kind: String?
 
     @Option(help: "subs: yes to subscribe every connection to one shared key.")
@@ -313,7 +313,7 @@ case "core":
         print(String(format: "core: %d renames, each re-materializing 100 posts: %.2f µs per rename (%.3f µs per post)", n, s / Double(n) * 1e6, s / Double(n) * 1e4))
         break
     }
-    if kind == "posts" || kind == "range" {
+    if kind == "posts" || kind == "range" || kind == "pages" {
         // concord-bench's live-query writes with no query (its "0 subs" row):
         // 100,000 posts by 1,000 authors; 5 in 10 updates merge a new date,
         // 3 in 10 merge another author, 2 in 10 rename an author (100 posts each).
@@ -328,6 +328,23 @@ case "core":
                 engine.handleLine(Array(#"{"op":"subscribe","sub":"q\#(v)","query":{"type":"Post","where":{"all":[{"path":"date","gte":\#(v * 100)},{"path":"date","lt":\#((v + 1) * 100)}]},"order":[{"path":"date","desc":true}],"limit":20}}"#.utf8), from: 1)
             }
         }
+        if kind == "pages" {
+            // 50 pages of 20 of one list (the newest posts first), one
+            // subscriber each: definitions that differ only in offset.
+            engine.open(1)
+            let t = now()
+            for v in 0..<50 {
+                engine.handleLine(Array(#"{"op":"subscribe","sub":"p\#(v)","query":{"type":"Post","order":[{"path":"date","desc":true}],"offset":\#(v * 20),"limit":20}}"#.utf8), from: 1)
+            }
+            let built = now() - t
+            engine.handleLine(Array(#"{"op":"stats"}"#.utf8), from: 1)
+            var text = ""
+            for (_, chunks) in engine.takeOutput() { for ch in chunks { text += String(decoding: UnsafeRawBufferPointer(start: ch.base, count: ch.count), as: UTF8.self) } }
+            if let r = text.range(of: "\"queries\":{") {
+                let rest = text[r.upperBound...]
+                print("pages: 50 subscribed in \(String(format: "%.2f", built)) s; queries {\(rest.prefix { $0 != "}" })}")
+            }
+        }
         _ = engine.takeOutput()
         var rng = SplitMix(seed: 7)
         let lines = (0..<n).map { k -> [UInt8] in
@@ -339,7 +356,8 @@ case "core":
         let t = now()
         measuredLoop(engine, lines)
         let s = now() - t
-        print(String(format: "core: %d updates of the live-query mix, %@: %.2f µs per update", n, kind == "range" ? "1,000 range views" : "no query", s / Double(n) * 1e6))
+        let what = kind == "range" ? "1,000 range views" : (kind == "pages" ? "50 pages of one list" : "no query")
+        print(String(format: "core: %d updates of the live-query mix, %@: %.2f µs per update", n, what, s / Double(n) * 1e6))
         break
     }
     for i in 0..<100 { engine.handleLine(Array(#"{"op":"update","key":"k\#(i)","model":\#(entity(i, 0))}"#.utf8), from: 0) }

@@ -25,8 +25,24 @@ extension Engine {
     func queryViolations() -> [String] {
         var problems: [String] = []
         func note(_ s: String) { if problems.count < 20 { problems.append(s) } }
+        for (key, w) in queries.windows {
+            if w.isEmpty { note("query definition \(key) has no subscriber") }
+            if queries.views[w.view.key] !== w.view { note("query definition \(key): its view \(w.view.key) is not the indexed one") }
+            if !w.view.windows.contains(where: { $0 === w }) { note("query definition \(key): not among its view's windows") }
+            var unwindowed = w.view.spec
+            unwindowed.offset = w.offset
+            unwindowed.limit = w.limit
+            if unwindowed.canonicalKey != key { note("query definition \(key): its view and window make \(unwindowed.canonicalKey)") }
+        }
         for (key, view) in queries.views {
-            if view.isEmpty { note("query view \(key) has no subscriber") }
+            if view.windows.isEmpty { note("query view \(key) has no window") }
+            if view.spec.offset != 0 || view.spec.limit != nil { note("query view \(key) has a window of its own") }
+            if view.touched { note("query view \(key) is still marked touched between mutations") }
+            for (i, w) in view.windows.enumerated() {
+                if queries.windows[w.key] !== w { note("query view \(key): window \(w.key) is not the indexed one") }
+                if i > 0 && !(view.windows[i - 1].key < w.key) { note("query view \(key): windows out of order") }
+                if !w.pending.isEmpty { note("query definition \(w.key) holds changes between mutations") }
+            }
             let prefix = view.spec.type + ":"
             var expected: [OrderTree<SortKey>.Element] = []  // values: SortValue
             for (id, v) in store.entities where id.hasPrefix(prefix) && view.matches(v.value) {
@@ -138,7 +154,7 @@ extension Engine {
                 case .feed:
                     if feeds[ObjectIdentifier(s)] !== s { note("\(name): not in the feed index") }
                 case .query(let view):
-                    if queries.views[view.key] !== view { note("\(name): query view \(view.key) is not the indexed one") }
+                    if queries.windows[view.key] !== view { note("\(name): query definition \(view.key) is not the indexed one") }
                     var found = false
                     view.forEach { if $0 === s { found = true } }
                     if !found { note("\(name): not among its query view's subscribers") }

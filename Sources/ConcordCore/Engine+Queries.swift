@@ -78,7 +78,10 @@ struct ViewList {
 
 /// Queries' state in the engine.
 final class QueryRegistry {
+    /// Definitions without their window → the shared ordered matches.
     var views: [String: QueryView] = [:]
+    /// Definitions (window included) → what their subscribers see.
+    var windows: [String: QueryWindow] = [:]
     var types: [String: TypeQueries] = [:]
     /// Entity → the views it is a member of.
     var memberOf: [String: ViewList] = [:]
@@ -101,14 +104,29 @@ final class QueryRegistry {
 extension Engine {
     static func pathKey(_ p: QueryPath) -> String { p.joined(separator: "\u{0}") }
 
-    /// The view for a definition: shared when it exists, else built from the
-    /// entities of its type in memory.
-    func queryView(_ spec: QuerySpec) throws(ProtocolError) -> QueryView {
+    /// The window for a definition: shared when it exists, else made over
+    /// the view of its definition without a window (shared by every page of
+    /// one list), which is built when there is none.
+    func queryWindow(_ spec: QuerySpec) throws(ProtocolError) -> QueryWindow {
         let key = spec.canonicalKey
-        if let v = queries.views[key] { return v }
-        if queries.views.count >= configuration.maxQueryViews {
+        if let w = queries.windows[key] { return w }
+        if queries.windows.count >= configuration.maxQueryViews {
             throw ProtocolError(.limitExceeded, "the server already keeps \(configuration.maxQueryViews) live query definitions (--max-query-views); share a definition or drop one")
         }
+        let view = try queryView(QueryView.unwindowed(spec))
+        let w = QueryWindow(key: key, spec: spec, view: view)
+        // What the window shows follows from the view: unchanged since the view last was.
+        w.changedAt = view.changedAt
+        view.attach(w)
+        queries.windows[key] = w
+        return w
+    }
+
+    /// The view for a definition without its window: shared when it exists,
+    /// else built from the entities of its type in memory.
+    private func queryView(_ spec: QuerySpec) throws(ProtocolError) -> QueryView {
+        let key = spec.canonicalKey
+        if let v = queries.views[key] { return v }
         let view = QueryView(key: key, spec: spec)
         view.builtAt = seq
         let tq = typeQueries(spec.type)
@@ -230,7 +248,16 @@ extension Engine {
         }
     }
 
-    /// A view lost its last subscriber (or could not be kept): it is no
+    /// A window lost its last subscriber: it goes, and its view with it when
+    /// it was the view's last window.
+    func dropQueryWindow(_ w: QueryWindow) {
+        queries.windows[w.key] = nil
+        w.pending = []
+        w.view.detach(w)
+        if w.view.windows.isEmpty { dropQueryView(w.view) }
+    }
+
+    /// A view lost its last window (or could not be kept): it is no
     /// longer found by its definition, its memory and count are released at
     /// once, and it is unfiled from the indexes in slices between turns
     /// (deferred work), so dropping many large views never holds a turn.
@@ -239,7 +266,9 @@ extension Engine {
         queries.heldMembers -= view.held
         view.retired = true
         view.tree.removeAll()
-        view.pending = []
+        for w in view.windows where queries.windows[w.key] === w { queries.windows[w.key] = nil }
+        for w in view.windows { w.pending = [] }
+        view.windows = []
         view.unfiling = view.members.makeIterator()
         queries.retiring.append(view)
     }
@@ -337,17 +366,25 @@ extension Engine {
     var hasRetiringViews: Bool { queries.retiringHead < queries.retiring.count }
 
     /// The current window's values.
-    func queryItems(_ view: QueryView) -> [JSON] {
-        view.windowIDs().map { store.entity($0) ?? .null }
+    func queryItems(_ w: QueryWindow) -> [JSON] {
+        w.windowIDs().map { store.entity($0) ?? .null }
     }
 
-    /// `get` with a query: answered from a shared view when one exists, else
-    /// from a view built for this read and dropped at once.
+    /// `get` with a query: answered from a shared view when one exists (any
+    /// page of the same list), else from a view built for this read and
+    /// dropped at once.
     func readQuery(_ spec: QuerySpec) throws(ProtocolError) -> (items: [JSON], count: Int) {
-        if let v = queries.views[spec.canonicalKey] { return (queryItems(v), v.count) }
-        let view = try queryView(spec)
-        let result = (queryItems(view), view.count)
-        dropQueryView(view)
+        if let w = queries.windows[spec.canonicalKey] { return (queryItems(w), w.count) }
+        let unwindowed = QueryView.unwindowed(spec)
+        let existing = queries.views[unwindowed.canonicalKey]
+        if existing == nil, queries.windows.count >= configuration.maxQueryViews {
+            throw ProtocolError(.limitExceeded, "the server already keeps \(configuration.maxQueryViews) live query definitions (--max-query-views); share a definition or drop one")
+        }
+        let view: QueryView
+        if let existing { view = existing } else { view = try queryView(unwindowed) }
+        let w = QueryWindow(key: spec.canonicalKey, spec: spec, view: view)
+        let result = (queryItems(w), w.count)
+        if existing == nil { dropQueryView(view) }
         return result
     }
 
@@ -356,7 +393,7 @@ extension Engine {
     /// Hands every changed entity of a queried type to the views it can
     /// affect, in a fixed order; returns the views that changed, ordered by
     /// definition, with their changes.
-    func updateQueries(_ change: StoreChange) -> [(QueryView, [CollectionStep])] {
+    func updateQueries(_ change: StoreChange) -> [(QueryWindow, [CollectionStep])] {
         guard !queries.types.isEmpty else { return [] }
         var changed: [(id: String, tq: TypeQueries)] = []
         for id in change.valueChanged {
@@ -431,15 +468,20 @@ extension Engine {
                 queries.memberOf[id] = list
             }
         }
-        touched.sort { $0.key < $1.key }
-        var out: [(QueryView, [CollectionStep])] = []
+        var out: [(QueryWindow, [CollectionStep])] = []
         for view in touched {
             queries.heldMembers += (view.count - view.countBefore) * view.weight
-            if let changes = view.takeChanges(current: current) {
-                view.changedAt = seq
-                out.append((view, changes))
+            view.changedAt = seq
+            for w in view.windows {
+                if let changes = w.takeChanges(current: current) {
+                    w.changedAt = seq
+                    out.append((w, changes))
+                }
             }
+            view.touched = false
         }
+        // Ordered by definition: the same input gives the same events.
+        if out.count > 1 { out.sort { $0.0.key < $1.0.key } }
         return out
     }
 
@@ -455,8 +497,9 @@ extension Engine {
         for view in views {
             guard queries.heldMembers > configuration.maxQueryEntities else { break }
             let message = "this live query grew to \(view.count) entities (× \(view.weight) sort keys) and the live queries together passed --max-query-entities (\(configuration.maxQueryEntities)); it ended: narrow it with a condition"
+            // Every page of the list ends: they share its matches.
             var subs: [SubscriptionRecord] = []
-            view.forEach { subs.append($0) }
+            for w in view.windows { w.forEach { subs.append($0) } }
             for s in Self.ordered(subs) {
                 s.client.output.append(limitEndEventBytes(s, seq: seq, message: message))
                 markDirty(s.client)
@@ -465,7 +508,7 @@ extension Engine {
                 subscriptionCount -= 1
                 subscriptionsByKind[s.kind.metricIndex] -= 1
             }
-            view.removeAll()
+            for w in view.windows { w.removeAll() }
             dropQueryView(view)
         }
     }
@@ -481,7 +524,7 @@ extension Engine {
     }
 
     /// Queues one mutation's query events (serial part of rendering).
-    func sendQueryEvents(_ list: [(QueryView, [CollectionStep])], seq: Int, context: JSON?) {
+    func sendQueryEvents(_ list: [(QueryWindow, [CollectionStep])], seq: Int, context: JSON?) {
         for (view, changes) in list {
             var w = JSONWriter(capacity: 128)
             writeQueryBody(&w, changes: changes, count: view.count, context: context)
@@ -513,8 +556,10 @@ extension Engine {
     /// Every query view ends (clear): their subscriptions are ended by the caller.
     func clearQueries() {
         persistence?.loadedTypes = []
-        for v in queries.views.values { v.dropAll(); v.removeAll() }
+        for w in queries.windows.values { w.removeAll(); w.pending = [] }
+        for v in queries.views.values { v.dropAll() }
         queries.views = [:]
+        queries.windows = [:]
         queries.types = [:]
         queries.memberOf = [:]
         queries.heldMembers = 0

@@ -93,11 +93,11 @@ extension Engine {
             }
             respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
         case .query(let spec):
-            let view = try queryView(spec)
+            let view = try queryWindow(spec)
             let s = SubscriptionRecord(client: c, name: name, kind: .query(view))
             view.add(s)
             add(s, to: c)
-            if let n = since, view.builtAt <= n, view.changedAt <= n {
+            if let n = since, view.view.builtAt <= n, view.changedAt <= n {
                 respondUnchanged(c, rid: rid)
                 return
             }
@@ -172,7 +172,7 @@ extension Engine {
             if view.isEmpty { collectionViews[view.name] = nil }
         case .query(let view):
             view.remove(s)
-            if view.isEmpty { dropQueryView(view) }
+            if view.isEmpty { dropQueryWindow(view) }
         }
     }
 

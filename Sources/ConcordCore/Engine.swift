@@ -540,9 +540,12 @@ public final class Engine {
             w.key("coalescing"); w.int(clients.values.reduce(0) { $0 + ($1.coalescing != 0 ? 1 : 0) })
             w.key("coalescing_episodes"); w.int(coalescingEpisodes)
             w.key("coalesced_events"); w.int(coalescedEvents)
-            // Live queries: distinct views, member slots they hold (what
-            // --max-query-entities bounds), and dropped views still being unfiled.
+            // Live queries: distinct lists of matches (pages of one list share
+            // one), definitions (what --max-query-views bounds), member slots
+            // they hold (what --max-query-entities bounds), and dropped views
+            // still being unfiled.
             w.key("queries"); w.raw("{\"views\":"); w.int(queries.views.count)
+            w.raw(",\"definitions\":"); w.int(queries.windows.count)
             w.raw(",\"held\":"); w.int(queries.heldMembers)
             w.raw(",\"unfiling\":"); w.int(queries.retiring.count - queries.retiringHead)
             w.raw("}")

@@ -1,17 +1,20 @@
 import ConcordJSON
 import ConcordProtocol
 
-/// All `query` subscriptions with one definition share one view
-/// (PROTOCOL.md §3.1): every matching entity of the type, ordered, in an
-/// ``OrderTree``; the window is positions `offset ..< offset + limit` of it.
+/// The matches of one query definition **without its window**: every
+/// matching entity of the type, ordered, in an ``OrderTree``. Definitions
+/// that differ only in `offset`/`limit` (pages of one list) share it; each
+/// of them is a ``QueryWindow`` over it, positions `offset ..< offset + limit`.
 ///
 /// A mutation hands the view each changed entity of its type in turn
-/// (``apply(_:value:current:)``): the view moves it in the tree in O(log n)
-/// and writes the window changes that take the previous window to the new
-/// one — at most one `remove` and one `insert` for an entity that moves,
-/// plus the refill of a window that lost an item. Changes of one mutation
-/// accumulate in `pending` and become one event.
-final class QueryView: SharedView {
+/// (``apply(_:value:current:)``): the view moves it in the tree once, in
+/// O(log n), and each window writes the changes that take its previous
+/// window to the new one — at most one `remove` and one `insert` for an
+/// entity that moves, plus the refill of a window that lost an item.
+/// Changes of one mutation accumulate in each window's `pending` and become
+/// one event per window.
+final class QueryView {
+    /// The canonical key of the definition without its window.
     let key: String
     let spec: QuerySpec
     var tree: OrderTree<SortKey>
@@ -25,8 +28,9 @@ final class QueryView: SharedView {
     }
     /// Each member's identity → its node and slot.
     var members: [String: Member] = [:]
-    /// Window changes of the mutation being rendered, and the count before it.
-    var pending: [CollectionStep] = []
+    /// The windows over it (at least one while it is live), ordered by key.
+    var windows: [QueryWindow] = []
+    /// Whether the mutation being rendered concerned it, and the count before it.
     var countBefore = 0
     var touched = false
     /// How this view is found by an update (Engine+Queries: the equality index).
@@ -43,14 +47,15 @@ final class QueryView: SharedView {
     /// Dropped: no longer found by definition, skipped by updates, and being
     /// unfiled from the indexes in slices (Engine+Queries, deferred work).
     var retired = false
-    /// The seq when it was built, and of the last mutation that changed its
-    /// window or count (`since`, §3.2).
+    /// The seq when it was built, and of the last mutation that concerned
+    /// one of its members (`since`, §3.2: a window's contents follow from these).
     var builtAt = 0
     var changedAt = 0
     /// Retired views: the members still to unfile, and how far the value index is.
     var unfiling: Dictionary<String, Member>.Iterator?
     var unfiledValues = 0
 
+    /// `spec` without its window (offset 0, no limit).
     init(key: String, spec: QuerySpec) {
         self.key = key
         self.spec = spec
@@ -66,26 +71,22 @@ final class QueryView: SharedView {
         }
     }
 
+    /// The definition without its window, and its key.
+    static func unwindowed(_ spec: QuerySpec) -> QuerySpec {
+        var s = spec
+        s.offset = 0
+        s.limit = nil
+        return s
+    }
+
     var count: Int { tree.count }
 
     /// What one member costs against `--max-query-entities`: a member keeps
     /// one sort value per order key, so it counts once per key (at least once).
     var weight: Int { max(1, spec.order.count) }
 
-    /// This view's share of `--max-query-entities`.
+    /// This view's share of `--max-query-entities` (once, however many windows).
     var held: Int { tree.count * weight }
-
-    /// Window size for a list of `total` matches.
-    func windowSize(_ total: Int) -> Int {
-        let rest = max(0, total - spec.offset)
-        if let limit = spec.limit { return min(limit, rest) }
-        return rest
-    }
-
-    func windowIDs() -> [String] {
-        let start = spec.offset
-        return tree.ids(start ..< start + windowSize(tree.count))
-    }
 
     func matches(_ value: JSON) -> Bool {
         guard let condition else { return true }
@@ -109,11 +110,22 @@ final class QueryView: SharedView {
         members[id] = Member(node: tree.insertNode(.init(values: sortValues(value), id: id)).node, slot: -1)
     }
 
-    /// Removes an entity without producing changes (the view is being dropped).
+    /// Empties it (the view is being dropped).
     func dropAll() {
         members = [:]
         tree.removeAll()
-        pending = []
+        for w in windows { w.pending = [] }
+        windows = []
+    }
+
+    /// Adds a window, keeping `windows` ordered by key.
+    func attach(_ w: QueryWindow) {
+        let i = windows.firstIndex { $0.key > w.key } ?? windows.count
+        windows.insert(w, at: i)
+    }
+
+    func detach(_ w: QueryWindow) {
+        windows.removeAll { $0 === w }
     }
 
     private func sameValues(_ a: SortKey, _ b: SortKey) -> Bool {
@@ -121,9 +133,18 @@ final class QueryView: SharedView {
         return true
     }
 
+    /// What one entity's change did to the ordered matches (ranks before
+    /// and after; `n` is the count before).
+    enum Move {
+        case stayed(rank: Int)
+        case moved(from: Int, to: Int)
+        case entered(at: Int)
+        case left(from: Int)
+    }
+
     /// Re-files one entity after a change (`value` nil: it is gone) and
-    /// appends the window changes. `current` reads an entity's current value.
-    /// Returns true when the entity is a member afterwards.
+    /// appends each window's changes. `current` reads an entity's current
+    /// value. Returns true when the entity is a member afterwards.
     @discardableResult
     func apply(_ id: String, value: JSON?, current: (String) -> JSON?) -> Bool {
         let old = members[id].map { tree.element($0.node).values }
@@ -135,25 +156,83 @@ final class QueryView: SharedView {
             touched = true
             countBefore = tree.count
         }
-        let k = spec.offset
         let n = tree.count
-        func item(_ pos: Int) -> JSON { current(tree.select(pos).id) ?? .null }
-        func insert(_ i: Int, _ v: JSON) { pending.append(.insert(index: i, items: [v])) }
-        func remove(_ i: Int) { pending.append(.remove(index: i, count: 1)) }
-
+        let move: Move
         switch (old, isMember) {
         case (let ov?, true):
-            let v = value!
-            let nv = sortValues(v)
-            let m = windowSize(n)
+            let nv = sortValues(value!)
             if sameValues(ov, nv) {
-                let r = tree.rank(.init(values: ov, id: id)) - k
-                if r >= 0 && r < m { pending.append(.update(index: r, item: v)) }
-                return true
+                move = .stayed(rank: tree.rank(.init(values: ov, id: id)))
+            } else {
+                let rOld = tree.remove(.init(values: ov, id: id))
+                let (rNew, node) = tree.insertNode(.init(values: nv, id: id))
+                members[id]!.node = node
+                move = .moved(from: rOld, to: rNew)
             }
+        case (nil, true):
+            let (rNew, node) = tree.insertNode(.init(values: sortValues(value!), id: id))
+            members[id] = Member(node: node, slot: -1)
+            move = .entered(at: rNew)
+        case (let ov?, false):
             let rOld = tree.remove(.init(values: ov, id: id))
-            let (rNew, node) = tree.insertNode(.init(values: nv, id: id))
-            members[id]!.node = node
+            members[id] = nil
+            move = .left(from: rOld)
+        case (nil, false):
+            return false
+        }
+        for w in windows { w.note(move, n: n, value: value, current: current) }
+        return isMember
+    }
+}
+
+/// One definition of a query, window included: what its subscribers see
+/// (PROTOCOL.md §3.1), positions `offset ..< offset + limit` of its
+/// ``QueryView``'s ordered matches.
+final class QueryWindow: SharedView {
+    /// The definition's canonical key (window included).
+    let key: String
+    let offset: Int
+    let limit: Int?
+    let view: QueryView
+    /// Window changes of the mutation being rendered.
+    var pending: [CollectionStep] = []
+    /// The seq of the last mutation that changed its window or count (`since`, §3.2).
+    var changedAt = 0
+
+    init(key: String, spec: QuerySpec, view: QueryView) {
+        self.key = key
+        offset = spec.offset
+        limit = spec.limit
+        self.view = view
+    }
+
+    var count: Int { view.tree.count }
+
+    /// Window size for a list of `total` matches.
+    func windowSize(_ total: Int) -> Int {
+        let rest = max(0, total - offset)
+        if let limit { return min(limit, rest) }
+        return rest
+    }
+
+    func windowIDs() -> [String] {
+        view.tree.ids(offset ..< offset + windowSize(view.tree.count))
+    }
+
+    /// Appends the changes one entity's move makes to this window; `n` is
+    /// the count before it, the tree is already the one after it.
+    func note(_ move: QueryView.Move, n: Int, value: JSON?, current: (String) -> JSON?) {
+        let k = offset
+        func item(_ pos: Int) -> JSON { current(view.tree.select(pos).id) ?? .null }
+        func insert(_ i: Int, _ v: JSON) { pending.append(.insert(index: i, items: [v])) }
+        func remove(_ i: Int) { pending.append(.remove(index: i, count: 1)) }
+        switch move {
+        case .stayed(let r):
+            let i = r - k
+            if i >= 0 && i < windowSize(n) { pending.append(.update(index: i, item: value!)) }
+        case .moved(let rOld, let rNew):
+            let v = value!
+            let m = windowSize(n)
             let i = rOld - k, j = rNew - k
             let inOld = i >= 0 && i < m, inNew = j >= 0 && j < m
             if rOld == rNew {
@@ -179,14 +258,9 @@ final class QueryView: SharedView {
                 insert(0, item(k))
                 remove(m)
             }
-            return true
-        case (nil, true):
-            let v = value!
-            let nv = sortValues(v)
-            let (rNew, node) = tree.insertNode(.init(values: nv, id: id))
-            members[id] = Member(node: node, slot: -1)
+        case .entered(let rNew):
             let before = windowSize(n), after = windowSize(n + 1)
-            let full = spec.limit.map { before == $0 } ?? false
+            let full = limit.map { before == $0 } ?? false
             let j = rNew - k
             if j < 0 {
                 if after > 0 {
@@ -194,22 +268,16 @@ final class QueryView: SharedView {
                     if full { remove(before) }
                 }
             } else if j < after {
-                insert(j, v)
+                insert(j, value!)
                 if full { remove(before) }
             }
-            return true
-        case (let ov?, false):
-            let rOld = tree.remove(.init(values: ov, id: id))
-            members[id] = nil
+        case .left(let rOld):
             let before = windowSize(n), after = windowSize(n - 1)
             let i = rOld - k
             if i < before && before > 0 {
                 remove(max(i, 0))
                 if after == before { insert(after - 1, item(k + after - 1)) }
             }
-            return false
-        case (nil, false):
-            return false
         }
     }
 
@@ -217,12 +285,9 @@ final class QueryView: SharedView {
     /// smaller (a limited window that changed more than its size); nil when
     /// neither the window nor the count changed.
     func takeChanges(current: (String) -> JSON?) -> [CollectionStep]? {
-        defer {
-            pending = []
-            touched = false
-        }
-        guard touched, !pending.isEmpty || tree.count != countBefore else { return nil }
-        if let limit = spec.limit, pending.count > limit {
+        defer { pending = [] }
+        guard view.touched, !pending.isEmpty || view.tree.count != view.countBefore else { return nil }
+        if let limit, pending.count > limit {
             return [.reset(items: windowIDs().map { current($0) ?? .null })]
         }
         return pending

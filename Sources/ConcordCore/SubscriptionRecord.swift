@@ -8,7 +8,7 @@ final class SubscriptionRecord {
         case ids([String])
         case feed(types: Set<String>?)
         case collection(CollectionView)
-        case query(QueryView)
+        case query(QueryWindow)
 
         /// Position in ``Engine/subscriptionKindNames``.
         var metricIndex: Int {

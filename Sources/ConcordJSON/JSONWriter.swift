@@ -41,7 +41,11 @@ public struct JSONWriter: Sendable {
     /// escaping (almost everything) are copied in one piece.
     @inline(__always)
     private mutating func appendQuoted(_ utf8: UnsafeBufferPointer<UInt8>) {
-        bytes.reserveCapacity(bytes.count + utf8.count + 2)
+        // Grown geometrically: `reserveCapacity` allocates exactly what it is
+        // asked for, so reserving before every string would copy the whole
+        // buffer once per string that does not fit.
+        let needed = bytes.count + utf8.count + 2
+        if needed > bytes.capacity { bytes.reserveCapacity(Swift.max(needed, bytes.capacity &* 2)) }
         bytes.append(0x22)
         do {
             var runStart = 0

@@ -61,6 +61,9 @@ let fuzzQueries = [
     // Found through the range index.
     #"{"type":"P","where":{"all":[{"path":"n","gte":1},{"path":"n","lt":4}]},"order":[{"path":"n"}],"limit":2}"#,
     #"{"type":"P","where":{"path":"q.m","lte":2}}"#,
+    // Other pages of the lists above (they share one tree of matches).
+    #"{"type":"P","order":[{"path":"n"}],"offset":1,"limit":3}"#,
+    #"{"type":"P","where":{"path":"q.id","eq":"Q:1"},"order":[{"path":"n","desc":true}]}"#,
 ]
 
 func deliver(_ engine: Engine, _ peers: [Peer]) {
@@ -216,10 +219,10 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
             case "model": target = #""model":{"id":"P:\#(a)","q":{"id":"Q:1"}},"refresh":\#(b % 2 == 0)"#
             case "ids": target = #""ids":["P:\#(a)","Q:\#(a % 3)"]"#
             case "collection": target = #""collection":"c0""#
-            case "query": target = #""query":\#(fuzzQueries[a % fuzzQueries.count])"#
+            case "query": target = #""query":\#(fuzzQueries[(a + 4 * b) % fuzzQueries.count])"#
             default: target = #""feed":{}"#
             }
-            p.pendingSubscribe[rid + 1] = (name, kind, kind == "query" ? fuzzQueries[a % fuzzQueries.count] : "d\(a % 2)")
+            p.pendingSubscribe[rid + 1] = (name, kind, kind == "query" ? fuzzQueries[(a + 4 * b) % fuzzQueries.count] : "d\(a % 2)")
             send(p, #"{"op":"subscribe","sub":"\#(name)",\#(target)}"#)
         case 4:
             p.pendingUnsubscribe[rid + 1] = name
