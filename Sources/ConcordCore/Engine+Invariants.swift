@@ -97,7 +97,7 @@ extension Engine {
             for (pk, entry) in tq.paths {
                 var expected: [String: Set<String>] = [:]
                 for id in inMemory {
-                    if let v = store.entity(id), let x = QueryEval.value(v, entry.path), let k = QueryEval.indexKey(x) { expected[k, default: []].insert(id) }
+                    if let v = store.entity(id), let x = QueryEval.value(v, entry.path) { expected[QueryEval.filingKey(x), default: []].insert(id) }
                 }
                 let actual = (tq.entitiesByValue[pk] ?? [:]).filter { !$0.value.isEmpty }
                 if actual != expected { note("type \(type): the value index of \(entry.path) disagrees with the entities") }

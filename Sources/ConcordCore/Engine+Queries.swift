@@ -215,7 +215,8 @@ extension Engine {
         guard tq.entitiesByValue[pk] == nil else { return }
         var byValue: [String: Set<String>] = [:]
         for id in tq.entities {
-            guard let v = store.entity(id), let x = QueryEval.value(v, path), let k = QueryEval.indexKey(x) else { continue }
+            guard let v = store.entity(id), let x = QueryEval.value(v, path) else { continue }
+            let k = QueryEval.filingKey(x)
             byValue[k, default: []].insert(id)
         }
         tq.entitiesByValue[pk] = byValue
@@ -415,8 +416,8 @@ extension Engine {
             // The type's entity set and value indexes.
             if value == nil { tq.entities.remove(id) } else if before == .null { tq.entities.insert(id) }
             for (pk, entry) in tq.paths {
-                let newKey = value.flatMap { QueryEval.value($0, entry.path) }.flatMap(QueryEval.indexKey)
-                let oldKey = before == .null ? nil : QueryEval.value(before, entry.path).flatMap(QueryEval.indexKey)
+                let newKey = value.flatMap { QueryEval.value($0, entry.path) }.map(QueryEval.filingKey)
+                let oldKey = before == .null ? nil : QueryEval.value(before, entry.path).map(QueryEval.filingKey)
                 if oldKey != newKey {
                     if let oldKey { tq.entitiesByValue[pk]?[oldKey]?.remove(id) }
                     if let newKey { tq.entitiesByValue[pk]?[newKey, default: []].insert(id) }
@@ -431,8 +432,7 @@ extension Engine {
             queries.memberOf[id]?.forEach { if !$0.retired { candidates.append($0) } }
             if let value {
                 for (pk, entry) in tq.paths {
-                    guard let x = QueryEval.value(value, entry.path), let vk = QueryEval.indexKey(x),
-                          let filed = tq.byValue[pk]?[vk] else { continue }
+                    guard let x = QueryEval.value(value, entry.path), let filed = tq.byValue[pk]?[QueryEval.filingKey(x)] else { continue }
                     for f in filed where !f.view.retired { candidates.append(f.view) }
                 }
             }

@@ -201,6 +201,55 @@ enum QueryEval {
         case .array, .object: return nil
         }
     }
+
+    /// The text the equality index files any value under: ``indexKey(_:)``
+    /// for a scalar; for an array or object a text built from its parts'
+    /// keys (object members sorted by name), so that values equal as JSON
+    /// (numbers by value, members in any order, strings equal as Swift
+    /// strings) are filed together. The index only finds candidates — each
+    /// still tests its condition — so what matters is that equal values
+    /// never file apart: the parts are Swift strings joined by ASCII marks
+    /// that no Unicode normalization composes with, escaped inside names
+    /// and strings.
+    static func filingKey(_ v: JSON) -> String {
+        if let k = indexKey(v) { return k }
+        var out = ""
+        appendFilingKey(v, &out)
+        return out
+    }
+
+    private static func appendFilingKey(_ v: JSON, _ out: inout String) {
+        switch v {
+        case .array(let list):
+            out += "a["
+            for (i, x) in list.enumerated() {
+                if i > 0 { out += "," }
+                appendFilingKey(x, &out)
+            }
+            out += "]"
+        case .object(let o):
+            out += "o{"
+            for (i, m) in o.members.sorted(by: { $0.key < $1.key }).enumerated() {
+                if i > 0 { out += "," }
+                appendEscaped(m.key, &out)
+                out += ":"
+                appendFilingKey(m.value, &out)
+            }
+            out += "}"
+        default:
+            appendEscaped(indexKey(v) ?? "", &out)
+        }
+    }
+
+    private static func appendEscaped(_ s: String, _ out: inout String) {
+        for u in s.unicodeScalars {
+            switch u {
+            case "\\", ",", ":", "[", "]", "{", "}": out.unicodeScalars.append("\\")
+            default: break
+            }
+            out.unicodeScalars.append(u)
+        }
+    }
 }
 
 /// A canonical text for a number by its exact value: `i<integer>` when the

@@ -303,21 +303,22 @@ struct QueryIndexKey {
     /// The longest `in` set filed in the equality index.
     static let maxIndexedValues = 1024
 
-    /// The first indexable condition: `eq` on a scalar, or a set of scalars
-    /// (`in`, or `any` of `eq`/`in` on one path), at the top or directly
-    /// under `all`.
+    /// The first indexable condition: `eq`, or a set of values (`in`, or
+    /// `any` of `eq`/`in` on one path), at the top or directly under `all`;
+    /// values of any kind (``QueryEval/filingKey(_:)``: arrays and objects
+    /// by their parts).
     static func of(_ c: CompiledCondition?) -> QueryIndexKey? {
         guard let c else { return nil }
         switch c {
         case .compare(let p, .eq, let v):
-            return QueryEval.indexKey(v).map { QueryIndexKey(path: p, values: [$0]) }
+            return QueryIndexKey(path: p, values: [QueryEval.filingKey(v)])
         case .oneOf(let p, let keys, let others):
             // A long list is not filed value by value (that costs as much as
             // the request is long, at build and at drop): the view is tested
             // instead, one hash probe per changed entity of its type.
-            guard others.isEmpty, !keys.isEmpty, keys.count <= maxIndexedValues else { return nil }
+            guard !(keys.isEmpty && others.isEmpty), keys.count + others.count <= maxIndexedValues else { return nil }
             // Sorted: the same definition files the same way on every run.
-            return QueryIndexKey(path: p, values: keys.sorted())
+            return QueryIndexKey(path: p, values: Array(keys.union(others.map(QueryEval.filingKey))).sorted())
         case .all(let list):
             for sub in list { if let k = of(sub) { return k } }
             return nil

@@ -162,6 +162,38 @@ import Testing
         #expect(h.engine.queries.memberOf.isEmpty)
     }
 
+    /// `eq` and `in` on arrays and objects are found through the equality
+    /// index like scalars (not tested on every update of the type), and
+    /// values equal as JSON — members in another order, numbers spelled
+    /// otherwise, strings equal as Unicode — are filed together.
+    @Test func equalityOnArraysAndObjectsIsIndexed() {
+        let h = EngineHarness()
+        let c = h.connect(), w = h.connect()
+        w.ok(#"{"op":"update","model":{"id":"Post:1","tags":["a","b"],"at":{"city":"Paris","n":1}}}"#)
+        w.ok(#"{"op":"update","model":{"id":"Post:2","tags":["b","a"],"at":{"n":1.0,"city":"Paris"}}}"#)
+        w.ok(#"{"op":"update","model":{"id":"Post:3","tags":["caf\u00e9"],"at":{"city":"Lyon","n":[1,{"x":null}]}}}"#)
+        func ids(_ r: JSON) -> [String] { r["items"]?.arrayValue?.compactMap { $0["id"]?.stringValue } ?? [] }
+        #expect(ids(c.ok(#"{"op":"subscribe","sub":"tags","query":{"type":"Post","where":{"path":"tags","eq":["a","b"]}}}"#)) == ["Post:1"])
+        #expect(ids(c.ok(#"{"op":"subscribe","sub":"at","query":{"type":"Post","where":{"path":"at","eq":{"n":1e0,"city":"Paris"}}}}"#)) == ["Post:1", "Post:2"])
+        #expect(ids(c.ok(#"{"op":"subscribe","sub":"in","query":{"type":"Post","where":{"path":"tags","in":[["cafe\u0301"],["b","a"],"x"]}}}"#)) == ["Post:2", "Post:3"])
+        #expect(ids(c.ok(#"{"op":"subscribe","sub":"deep","query":{"type":"Post","where":{"all":[{"path":"at","eq":{"city":"Lyon","n":[1.0,{"x":null}]}},{"path":"tags","exists":true}]}}}"#)) == ["Post:3"])
+        let tq = h.engine.queries.types["Post"]
+        #expect(tq?.unindexed.isEmpty == true && tq?.ranges.isEmpty == true)
+        #expect(tq?.byValue.values.reduce(0) { $0 + $1.count } == 6)
+        // Found by value: entering, leaving, and an equal value written otherwise.
+        w.ok(#"{"op":"update","model":{"id":"Post:4","tags":["a","b"],"at":{"city":"Paris","n":10e-1}}}"#)
+        w.ok(#"{"op":"update","mode":"merge","model":{"id":"Post:1","tags":["a"]}}"#)
+        w.ok(#"{"op":"update","mode":"merge","model":{"id":"Post:2","tags":["cafe\u0301"]}}"#)
+        var got: [String: [String]] = [:]
+        for e in c.take() { got[e["sub"]?.stringValue ?? "", default: []].append(e["changes"]?.compactString ?? "") }
+        #expect(got["tags"] == [#"[{"op":"insert","index":1,"items":[{"id":"Post:4","tags":["a","b"],"at":{"city":"Paris","n":10e-1}}]}]"#,
+                                #"[{"op":"remove","index":0,"count":1}]"#])
+        #expect(got["at"]?.count == 3)
+        // Post:4's ["a","b"] is not ["b","a"]; Post:2 now holds a string equal to "café" (composed otherwise).
+        #expect(got["in"]?.count == 1 && got["in"]?.first?.hasPrefix(#"[{"op":"update","index":0,"item":{"id":"Post:2""#) == true)
+        #expect(got["deep"] == nil)
+    }
+
     /// A client cannot grow the server's query memory without bound: views
     /// and the entities they hold are capped by configuration.
     @Test func queryViewsAndTheirEntitiesAreBounded() {
@@ -318,6 +350,12 @@ import Testing
               matches: { _ in true }, key: { [at($0, ["author", "name"]), at($0, ["date"])] }, desc: [false, false], offset: 0, limit: nil),
             Q(name: "noTagAll", text: #"{"type":"Post","where":{"not":{"path":"tag","exists":true}}}"#,
               matches: { at($0, ["tag"]) == nil }, key: { _ in [] }, desc: [], offset: 0, limit: nil),
+            // Equality on an array and an object, through the value index.
+            Q(name: "labels", text: #"{"type":"Post","where":{"any":[{"path":"labels","eq":["a","b"]},{"path":"labels","in":[{"k":1,"v":"x"}]}]},"order":[{"path":"date"}]}"#,
+              matches: { v in
+                  let l = at(v, ["labels"])
+                  return l == ["a", "b"] || l == .object(JSONObject([.init(key: "k", value: 1), .init(key: "v", value: "x")]))
+              }, key: { [at($0, ["date"])] }, desc: [false], offset: 0, limit: nil),
         ]
         // Identity order of the reference: code points, as the contract says.
         func less(_ q: Q, _ a: (String, JSON), _ b: (String, JSON)) -> Bool {
@@ -339,6 +377,10 @@ import Testing
             }
             if Int.random(in: 0..<3, using: &rng) > 0 { members.append(#""tag":"\#(["a", "b", "c", "bb", "ab"].randomElement(using: &rng)!)""#) }
             if Int.random(in: 0..<4, using: &rng) > 0 { members.append(#""author":{"id":"Person:\#(Int.random(in: 0..<3, using: &rng))"}"#) }
+            if Bool.random(using: &rng) {
+                let labels = [#"["a","b"]"#, #"["b","a"]"#, #"["a"]"#, #"{"v":"x","k":1.0}"#, #"{"k":1,"v":"y"}"#].randomElement(using: &rng)!
+                members.append(#""labels":\#(labels)"#)
+            }
             return "{" + members.joined(separator: ",") + "}"
         }
         func person(_ i: Int) -> String {
