@@ -52,6 +52,8 @@ extension Engine {
             let actual = view.tree.ids(0 ..< view.tree.count)
             if actual != expected.map(\.id) { note("query view \(key): holds \(actual.prefix(10)) but \(expected.prefix(10).map(\.id)) match") }
             if Set(view.members.keys) != Set(actual) { note("query view \(key): members disagree with its tree") }
+            for (id, m) in view.members where view.tree.element(m.node).id != id { note("query view \(key): \(id)'s node holds \(view.tree.element(m.node).id)") }
+            for p in view.tree.structureViolations().prefix(3) { note("query view \(key): tree: \(p)") }
             for id in actual where !(queries.memberOf[id]?.contains(view) ?? false) {
                 note("query view \(key): \(id) is not indexed to it")
             }

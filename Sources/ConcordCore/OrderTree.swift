@@ -1,9 +1,11 @@
 import ConcordJSON
 
-/// An order-statistic tree: a treap whose nodes know their subtree sizes, in
-/// flat arrays (32-bit links, no object per node). Insert, remove, rank and
-/// select are O(log n) expected; priorities come from a fixed hash of the
-/// identity, so the shape (and every result) is the same on every run.
+/// An order-statistic tree: a treap whose nodes know their subtree sizes and
+/// parents, in flat arrays (32-bit links, no object per node). Insert,
+/// remove, rank and select are O(log n) expected; priorities come from a
+/// fixed hash of the identity, so the shape (and every result) is the same
+/// on every run. Given a node handle, rank and remove compare nothing: they
+/// climb the parent links (a view's members keep their handles).
 ///
 /// Elements are (sort values, identity); `less` orders them and must be a
 /// strict total order (the identity breaks ties, so no two elements are equal).
@@ -19,6 +21,7 @@ struct OrderTree<Values> {
     private var left: [Int32] = []
     private var right: [Int32] = []
     private var size: [Int32] = []
+    private var parent: [Int32] = []
     private var priority: [UInt32] = []
     private var free: [Int32] = []
     private var root: Int32 = -1
@@ -39,6 +42,25 @@ struct OrderTree<Values> {
         size[Int(n)] = 1 + sz(left[Int(n)]) + sz(right[Int(n)])
     }
 
+    // Every link written goes through these, so parents stay true.
+    @inline(__always)
+    private mutating func setLeft(_ n: Int32, _ c: Int32) {
+        left[Int(n)] = c
+        if c >= 0 { parent[Int(c)] = n }
+    }
+
+    @inline(__always)
+    private mutating func setRight(_ n: Int32, _ c: Int32) {
+        right[Int(n)] = c
+        if c >= 0 { parent[Int(c)] = n }
+    }
+
+    @inline(__always)
+    private mutating func setRoot(_ n: Int32) {
+        root = n
+        if n >= 0 { parent[Int(n)] = -1 }
+    }
+
     /// FNV-1a of the identity's bytes, mixed.
     private static func hash(_ id: String) -> UInt32 {
         var h: UInt32 = 2_166_136_261
@@ -55,6 +77,7 @@ struct OrderTree<Values> {
             left[Int(n)] = -1
             right[Int(n)] = -1
             size[Int(n)] = 1
+            parent[Int(n)] = -1
             priority[Int(n)] = Self.hash(e.id)
             return n
         }
@@ -62,6 +85,7 @@ struct OrderTree<Values> {
         left.append(-1)
         right.append(-1)
         size.append(1)
+        parent.append(-1)
         priority.append(Self.hash(e.id))
         return Int32(elements.count - 1)
     }
@@ -71,12 +95,12 @@ struct OrderTree<Values> {
         if n < 0 { return (-1, -1) }
         if less(elements[Int(n)], e) {
             let (a, b) = split(right[Int(n)], e)
-            right[Int(n)] = a
+            setRight(n, a)
             update(n)
             return (n, b)
         } else {
             let (a, b) = split(left[Int(n)], e)
-            left[Int(n)] = b
+            setLeft(n, b)
             update(n)
             return (a, n)
         }
@@ -86,11 +110,11 @@ struct OrderTree<Values> {
         if a < 0 { return b }
         if b < 0 { return a }
         if priority[Int(a)] > priority[Int(b)] {
-            right[Int(a)] = merge(right[Int(a)], b)
+            setRight(a, merge(right[Int(a)], b))
             update(a)
             return a
         } else {
-            left[Int(b)] = merge(a, left[Int(b)])
+            setLeft(b, merge(a, left[Int(b)]))
             update(b)
             return b
         }
@@ -107,7 +131,7 @@ struct OrderTree<Values> {
         let (a, b) = split(root, e)
         let pos = Int(sz(a))
         let n = newNode(e)
-        root = merge(merge(a, n), b)
+        setRoot(merge(merge(a, n), b))
         return (pos, n)
     }
 
@@ -118,17 +142,58 @@ struct OrderTree<Values> {
     @discardableResult
     mutating func remove(_ e: Element) -> Int {
         let pos = rank(e)
-        root = removeNode(root, e)
+        setRoot(removeNode(root, e))
         return pos
+    }
+
+    /// Removes the element a node handle holds and returns the position it
+    /// had: its children merge into its place, sizes are fixed on the way
+    /// up. No comparison.
+    @discardableResult
+    mutating func remove(node n: Int32) -> Int {
+        let pos = rank(node: n)
+        let m = merge(left[Int(n)], right[Int(n)])
+        let p = parent[Int(n)]
+        if p < 0 {
+            setRoot(m)
+        } else {
+            if left[Int(p)] == n { setLeft(p, m) } else { setRight(p, m) }
+            var x = p
+            while x >= 0 {
+                update(x)
+                x = parent[Int(x)]
+            }
+        }
+        elements[Int(n)] = Element(values: vacant, id: "")
+        left[Int(n)] = -1
+        right[Int(n)] = -1
+        parent[Int(n)] = -1
+        free.append(n)
+        return pos
+    }
+
+    /// How many elements precede the one a node handle holds: its left
+    /// subtree, and every ancestor it is right of with that one's left
+    /// subtree. No comparison.
+    func rank(node n: Int32) -> Int {
+        var r = Int(sz(left[Int(n)]))
+        var x = n
+        var p = parent[Int(x)]
+        while p >= 0 {
+            if right[Int(p)] == x { r += Int(sz(left[Int(p)])) + 1 }
+            x = p
+            p = parent[Int(x)]
+        }
+        return r
     }
 
     private mutating func removeNode(_ n: Int32, _ e: Element) -> Int32 {
         if n < 0 { return -1 }
         let x = elements[Int(n)]
         if less(e, x) {
-            left[Int(n)] = removeNode(left[Int(n)], e)
+            setLeft(n, removeNode(left[Int(n)], e))
         } else if less(x, e) {
-            right[Int(n)] = removeNode(right[Int(n)], e)
+            setRight(n, removeNode(right[Int(n)], e))
         } else {
             let m = merge(left[Int(n)], right[Int(n)])
             elements[Int(n)] = Element(values: vacant, id: "")
@@ -225,11 +290,35 @@ struct OrderTree<Values> {
         return out
     }
 
+    /// What is wrong with the structure (sizes, parents, heap order, order
+    /// of elements), for tests and the internal checks; empty when sound.
+    func structureViolations() -> [String] {
+        var problems: [String] = []
+        var seen = 0
+        var previous: Int32 = -1
+        func walk(_ n: Int32, _ p: Int32) -> Int32 {
+            if n < 0 { return 0 }
+            seen += 1
+            if parent[Int(n)] != p { problems.append("node \(n): parent \(parent[Int(n)]), linked under \(p)") }
+            if p >= 0 && priority[Int(n)] > priority[Int(p)] { problems.append("node \(n): priority above its parent's") }
+            let l = walk(left[Int(n)], n)
+            if previous >= 0 && !less(elements[Int(previous)], elements[Int(n)]) { problems.append("node \(n): out of order") }
+            previous = n
+            let s = 1 + l + walk(right[Int(n)], n)
+            if size[Int(n)] != s { problems.append("node \(n): size \(size[Int(n)]), holds \(s)") }
+            return s
+        }
+        _ = walk(root, -1)
+        if seen + free.count != elements.count { problems.append("\(seen) linked + \(free.count) free of \(elements.count) nodes") }
+        return problems
+    }
+
     mutating func removeAll() {
         elements = []
         left = []
         right = []
         size = []
+        parent = []
         priority = []
         free = []
         root = -1

@@ -147,7 +147,8 @@ final class QueryView {
     /// value. Returns true when the entity is a member afterwards.
     @discardableResult
     func apply(_ id: String, value: JSON?, current: (String) -> JSON?) -> Bool {
-        let old = members[id].map { tree.element($0.node).values }
+        let member = members[id]
+        let old = member.map { tree.element($0.node).values }
         let isMember = value.map(matches) ?? false
         guard old != nil || isMember else { return false }
         // Touched only when the entity concerns it (an unindexed view tested
@@ -162,9 +163,9 @@ final class QueryView {
         case (let ov?, true):
             let nv = sortValues(value!)
             if sameValues(ov, nv) {
-                move = .stayed(rank: tree.rank(.init(values: ov, id: id)))
+                move = .stayed(rank: tree.rank(node: member!.node))
             } else {
-                let rOld = tree.remove(.init(values: ov, id: id))
+                let rOld = tree.remove(node: member!.node)
                 let (rNew, node) = tree.insertNode(.init(values: nv, id: id))
                 members[id]!.node = node
                 move = .moved(from: rOld, to: rNew)
@@ -174,7 +175,7 @@ final class QueryView {
             members[id] = Member(node: node, slot: -1)
             move = .entered(at: rNew)
         case (let ov?, false):
-            let rOld = tree.remove(.init(values: ov, id: id))
+            let rOld = tree.remove(node: member!.node)
             members[id] = nil
             move = .left(from: rOld)
         case (nil, false):
