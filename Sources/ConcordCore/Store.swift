@@ -481,14 +481,20 @@ final class Store {
             }
             let new: JSON
             if deleted.isEmpty {
+                // It holds an entity whose materialized value changed, so it
+                // changes too: no comparison (as for entity referrers above).
                 new = tree.substituteAny(old) { self.entities[$0]?.value }.0
+                assert(old != new, "a document holding a changed entity always changes")
+                refreshDocument(doc, key, new)
+                change.documentsChanged.insert(key)
+                continue
             } else if case .kept(let v) = tree.prune(old, deleted: deleted, required: { _ in nil }, isRoot: false, current: { self.entities[$0]?.value }) {
                 new = v
             } else {
                 new = .null
             }
             if old != new {
-                if deleted.isEmpty { refreshDocument(doc, key, new) } else { setDocument(key, new) }
+                setDocument(key, new)
                 change.documentsChanged.insert(key)
             }
         }
