@@ -174,7 +174,7 @@ final class QueryView {
             let (rNew, node) = tree.insertNode(.init(values: sortValues(value!), id: id))
             members[id] = Member(node: node, slot: -1)
             move = .entered(at: rNew)
-        case (let ov?, false):
+        case (.some, false):
             let rOld = tree.remove(node: member!.node)
             members[id] = nil
             move = .left(from: rOld)

@@ -148,7 +148,7 @@ struct BackendContractTests {
         let dir = Self.tempDir()
         let path = dir + "/c.sqlite"
         if kind == "garbage" {
-            FileManager.default.createFile(atPath: path, contents: Data(repeating: 0x5A, count: 8192))
+            #expect(FileManager.default.createFile(atPath: path, contents: Data(repeating: 0x5A, count: 8192)))
         } else {
             let b = try Self.open("sqlite", #"{"path":"\#(path)"}"#)
             for i in 0..<2000 { try b.put(Array("k\(i)".utf8), [UInt8](repeating: 3, count: 500)) }
@@ -189,7 +189,7 @@ struct BackendContractTests {
 
     @Test func notALibrary() throws {
         let path = Self.tempDir() + "/libjunk.so"
-        FileManager.default.createFile(atPath: path, contents: Data("not elf".utf8))
+        #expect(FileManager.default.createFile(atPath: path, contents: Data("not elf".utf8)))
         let e = loadError(path)
         #expect(e.contains("cannot load") && e.contains(path))
     }

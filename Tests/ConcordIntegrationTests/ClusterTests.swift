@@ -470,7 +470,7 @@ struct ClusterTests {
         try write(to: 30)
         try waitUntil("the copy at 20") { first.stderr.contains("concord.offset=20 [ConcordServer] cluster state stored in the local copy") }
         // The disk refuses: the store at 40 fails, the host goes on.
-        FileManager.default.createFile(atPath: fault, contents: nil)
+        #expect(FileManager.default.createFile(atPath: fault, contents: nil))
         try write(to: 50)
         try waitUntil("the failed store logged") { first.stderr.contains("cannot store the local copy of the cluster state") }
         let cb = try first.connect()

@@ -113,7 +113,7 @@ struct DurabilityTests {
             let server = try ServerProcess(arguments: args)
             let c = try server.connect()
             try c.request(#"{"op":"update","model":{"id":"A","v":0}}"#)
-            FileManager.default.createFile(atPath: fault, contents: nil)
+            #expect(FileManager.default.createFile(atPath: fault, contents: nil))
             // Acknowledged while failing (under the limit): kept and retried.
             for i in 1...100 { #expect(try c.request(#"{"op":"update","model":{"id":"E:\#(i)","v":\#(i)}}"#)["ok"] == true) }
             // The storage thread takes the writes behind the acknowledgements: wait for it.
@@ -161,7 +161,7 @@ struct DurabilityTests {
             let watcher = try server.connect()
             try watcher.request(#"{"op":"subscribe","sub":"a","ids":["A"]}"#)
             #expect(try c.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["durable"] == nil)
-            FileManager.default.createFile(atPath: fault, contents: nil)
+            #expect(FileManager.default.createFile(atPath: fault, contents: nil))
             // Applied, but the backend cannot store it: after --sync-timeout the
             // answer says so, with its seq. The event waited as long.
             let r = try c.request(#"{"op":"update","model":{"id":"A","v":2}}"#)
@@ -193,7 +193,7 @@ struct DurabilityTests {
         let (args, _, fault) = Self.sqliteArgs(["--shutdown-timeout", "1"])
         let server = try ServerProcess(arguments: args)
         let c = try server.connect()
-        FileManager.default.createFile(atPath: fault, contents: nil)
+        #expect(FileManager.default.createFile(atPath: fault, contents: nil))
         for i in 0..<20 { try c.request(#"{"op":"update","model":{"id":"E:\#(i)"}}"#) }
         #expect(server.stop() == 3)
         #expect(server.stderr.contains("unstored_records"))

@@ -203,7 +203,7 @@ struct PersistenceTests {
 
     @Test func aCorruptSQLiteFileStillLetsTheServerStart() throws {
         let db = Self.tempPath("c.sqlite")
-        FileManager.default.createFile(atPath: db, contents: Data(repeating: 0x42, count: 16384))
+        #expect(FileManager.default.createFile(atPath: db, contents: Data(repeating: 0x42, count: 16384)))
         let server = try ServerProcess(arguments: ["--cache", "sqlite", "--cache-path", db])
         let c = try server.connect()
         try c.request(#"{"op":"update","model":{"id":"A","v":1}}"#)

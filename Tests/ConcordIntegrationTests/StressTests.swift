@@ -229,7 +229,7 @@ final class Player: @unchecked Sendable {
 
     func verify(against checker: WireClient) throws {
         #expect(problems.isEmpty, "player \(index): \(problems.prefix(5))")
-        for (name, s) in subs where s.live {
+        for (_, s) in subs where s.live {
             switch s.kind {
             case .key:
                 let key = s.key!
