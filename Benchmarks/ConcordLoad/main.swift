@@ -314,6 +314,7 @@ case "core":
         break
     }
     if kind == "posts" || kind == "range" || kind == "pages" {
+        let pages = options.subs ?? 50
         // concord-bench's live-query writes with no query (its "0 subs" row):
         // 100,000 posts by 1,000 authors; 5 in 10 updates merge a new date,
         // 3 in 10 merge another author, 2 in 10 rename an author (100 posts each).
@@ -329,11 +330,11 @@ case "core":
             }
         }
         if kind == "pages" {
-            // 50 pages of 20 of one list (the newest posts first), one
+            // 50 pages (--subs) of 20 of one list (the newest posts first), one
             // subscriber each: definitions that differ only in offset.
             engine.open(1)
             let t = now()
-            for v in 0..<50 {
+            for v in 0..<pages {
                 engine.handleLine(Array(#"{"op":"subscribe","sub":"p\#(v)","query":{"type":"Post","order":[{"path":"date","desc":true}],"offset":\#(v * 20),"limit":20}}"#.utf8), from: 1)
             }
             let built = now() - t
@@ -342,7 +343,7 @@ case "core":
             for (_, chunks) in engine.takeOutput() { for ch in chunks { text += String(decoding: UnsafeRawBufferPointer(start: ch.base, count: ch.count), as: UTF8.self) } }
             if let r = text.range(of: "\"queries\":{") {
                 let rest = text[r.upperBound...]
-                print("pages: 50 subscribed in \(String(format: "%.2f", built)) s; queries {\(rest.prefix { $0 != "}" })}")
+                print("pages: \(pages) subscribed in \(String(format: "%.2f", built)) s; queries {\(rest.prefix { $0 != "}" })}")
             }
         }
         _ = engine.takeOutput()
@@ -356,7 +357,7 @@ case "core":
         let t = now()
         measuredLoop(engine, lines)
         let s = now() - t
-        let what = kind == "range" ? "1,000 range views" : (kind == "pages" ? "50 pages of one list" : "no query")
+        let what = kind == "range" ? "1,000 range views" : (kind == "pages" ? "\(pages) pages of one list" : "no query")
         print(String(format: "core: %d updates of the live-query mix, %@: %.2f µs per update", n, what, s / Double(n) * 1e6))
         break
     }

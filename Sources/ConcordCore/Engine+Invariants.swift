@@ -40,7 +40,7 @@ extension Engine {
             if view.touched { note("query view \(key) is still marked touched between mutations") }
             for (i, w) in view.windows.enumerated() {
                 if queries.windows[w.key] !== w { note("query view \(key): window \(w.key) is not the indexed one") }
-                if i > 0 && !(view.windows[i - 1].key < w.key) { note("query view \(key): windows out of order") }
+                if w.windowSlot != Int32(i) { note("query view \(key): window \(w.key) is at \(i) but thinks \(w.windowSlot)") }
                 if !w.pending.isEmpty { note("query definition \(w.key) holds changes between mutations") }
             }
             let prefix = view.spec.type + ":"

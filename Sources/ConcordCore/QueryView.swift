@@ -28,7 +28,9 @@ final class QueryView {
     }
     /// Each member's identity → its node and slot.
     var members: [String: Member] = [:]
-    /// The windows over it (at least one while it is live), ordered by key.
+    /// The windows over it (at least one while it is live), in no order;
+    /// each knows its slot, so one leaves in O(1) (a connection closing with
+    /// thousands of pages of one list must not cost their square).
     var windows: [QueryWindow] = []
     /// Whether the mutation being rendered concerned it, and the count before it.
     var countBefore = 0
@@ -118,14 +120,21 @@ final class QueryView {
         windows = []
     }
 
-    /// Adds a window, keeping `windows` ordered by key.
     func attach(_ w: QueryWindow) {
-        let i = windows.firstIndex { $0.key > w.key } ?? windows.count
-        windows.insert(w, at: i)
+        w.windowSlot = Int32(windows.count)
+        windows.append(w)
     }
 
+    /// Takes a window out in O(1): the last one moves into its slot.
     func detach(_ w: QueryWindow) {
-        windows.removeAll { $0 === w }
+        let i = Int(w.windowSlot)
+        guard i >= 0, i < windows.count, windows[i] === w else { return }
+        let last = windows.removeLast()
+        if i < windows.count {
+            windows[i] = last
+            last.windowSlot = Int32(i)
+        }
+        w.windowSlot = -1
     }
 
     private func sameValues(_ a: SortKey, _ b: SortKey) -> Bool {
@@ -199,6 +208,8 @@ final class QueryWindow: SharedView {
     var pending: [CollectionStep] = []
     /// The seq of the last mutation that changed its window or count (`since`, §3.2).
     var changedAt = 0
+    /// Its place in its view's `windows`.
+    var windowSlot: Int32 = -1
 
     init(key: String, spec: QuerySpec, view: QueryView) {
         self.key = key
