@@ -38,9 +38,17 @@ extension Engine {
             if view.windows.isEmpty { note("query view \(key) has no window") }
             if view.spec.offset != 0 || view.spec.limit != nil { note("query view \(key) has a window of its own") }
             if view.touched { note("query view \(key) is still marked touched between mutations") }
+            if view.byOffset.count + view.unlimited.count != view.windows.count { note("query view \(key): \(view.byOffset.count) windows by offset and \(view.unlimited.count) unlimited, of \(view.windows.count)") }
+            for p in view.byOffset.structureViolations().prefix(2) { note("query view \(key): windows by offset: \(p)") }
+            if let m = view.windows.compactMap(\.limit).max(), m > view.maxLimit { note("query view \(key): a window's limit \(m) passes maxLimit \(view.maxLimit)") }
             for (i, w) in view.windows.enumerated() {
                 if queries.windows[w.key] !== w { note("query view \(key): window \(w.key) is not the indexed one") }
                 if w.windowSlot != Int32(i) { note("query view \(key): window \(w.key) is at \(i) but thinks \(w.windowSlot)") }
+                if w.limit != nil {
+                    if w.offsetNode < 0 || view.byOffset.element(w.offsetNode).values.window !== w { note("query view \(key): window \(w.key) is not at its node by offset") }
+                } else if w.offsetNode < 0 || Int(w.offsetNode) >= view.unlimited.count || view.unlimited[Int(w.offsetNode)] !== w {
+                    note("query view \(key): window \(w.key) is not at its place among the unlimited")
+                }
                 if !w.pending.isEmpty { note("query definition \(w.key) holds changes between mutations") }
             }
             let prefix = view.spec.type + ":"

@@ -127,7 +127,7 @@ extension Engine {
     private func queryView(_ spec: QuerySpec) throws(ProtocolError) -> QueryView {
         let key = spec.canonicalKey
         if let v = queries.views[key] { return v }
-        let view = QueryView(key: key, spec: spec)
+        let view = QueryView(key: key, spec: spec, visitAllUpTo: configuration.internalChecks ? 0 : 8)
         view.builtAt = seq
         let tq = typeQueries(spec.type)
         view.index = QueryIndexKey.of(view.condition)
@@ -268,8 +268,7 @@ extension Engine {
         view.retired = true
         view.tree.removeAll()
         for w in view.windows where queries.windows[w.key] === w { queries.windows[w.key] = nil }
-        for w in view.windows { w.pending = [] }
-        view.windows = []
+        view.dropWindows()
         view.unfiling = view.members.makeIterator()
         queries.retiring.append(view)
     }

@@ -32,6 +32,24 @@ final class QueryView {
     /// each knows its slot, so one leaves in O(1) (a connection closing with
     /// thousands of pages of one list must not cost their square).
     var windows: [QueryWindow] = []
+    /// The windows with a limit, ordered by offset, and those without one:
+    /// an entity that changes in place or moves reaches only the windows
+    /// around its ranks, so those are all a change visits (O(log w + k)),
+    /// not every page of the list. `maxLimit` is the largest limit a window
+    /// had (it only grows: a bound, never too small).
+    struct WindowAt {
+        var offset: Int
+        unowned(unsafe) var window: QueryWindow?  // a window is taken out before it goes
+    }
+    var byOffset = OrderTree<WindowAt>(vacant: WindowAt(offset: 0, window: nil)) { a, b in
+        a.values.offset != b.values.offset ? a.values.offset < b.values.offset : a.id < b.id
+    }
+    var unlimited: [QueryWindow] = []
+    var maxLimit = 0
+    /// Up to this many windows a change simply visits them all (cheaper than
+    /// the lookup); 0 under the internal checks, so that tests go through
+    /// the lookup whatever their size.
+    let visitAllUpTo: Int
     /// Whether the mutation being rendered concerned it, and the count before it.
     var countBefore = 0
     var touched = false
@@ -58,9 +76,10 @@ final class QueryView {
     var unfiledValues = 0
 
     /// `spec` without its window (offset 0, no limit).
-    init(key: String, spec: QuerySpec) {
+    init(key: String, spec: QuerySpec, visitAllUpTo: Int = 8) {
         self.key = key
         self.spec = spec
+        self.visitAllUpTo = visitAllUpTo
         condition = spec.condition.map(CompiledCondition.init)
         let order = spec.order
         tree = OrderTree(vacant: SortKey()) { a, b in
@@ -116,13 +135,31 @@ final class QueryView {
     func dropAll() {
         members = [:]
         tree.removeAll()
-        for w in windows { w.pending = [] }
+        dropWindows()
+    }
+
+    /// Lets go of every window (the view is being dropped).
+    func dropWindows() {
+        for w in windows {
+            w.pending = []
+            w.windowSlot = -1
+            w.offsetNode = -1
+        }
         windows = []
+        byOffset.removeAll()
+        unlimited = []
     }
 
     func attach(_ w: QueryWindow) {
         w.windowSlot = Int32(windows.count)
         windows.append(w)
+        if let limit = w.limit {
+            w.offsetNode = byOffset.insertNode(.init(values: WindowAt(offset: w.offset, window: w), id: w.key)).node
+            maxLimit = max(maxLimit, limit)
+        } else {
+            w.offsetNode = Int32(unlimited.count)
+            unlimited.append(w)
+        }
     }
 
     /// Takes a window out in O(1): the last one moves into its slot.
@@ -135,6 +172,37 @@ final class QueryView {
             last.windowSlot = Int32(i)
         }
         w.windowSlot = -1
+        if w.limit != nil {
+            byOffset.remove(node: w.offsetNode)
+        } else {
+            let j = Int(w.offsetNode)
+            if j >= 0, j < unlimited.count, unlimited[j] === w {
+                let last = unlimited.removeLast()
+                if j < unlimited.count {
+                    unlimited[j] = last
+                    last.offsetNode = Int32(j)
+                }
+            }
+        }
+        w.offsetNode = -1
+    }
+
+    /// The windows a change between ranks `lo` and `hi` can reach: every
+    /// window without a limit that starts at or before `hi`, and the limited
+    /// ones that start at or before `hi` and may end after `lo`.
+    private func forEachWindow(reaching lo: Int, _ hi: Int, _ body: (QueryWindow) -> Void) {
+        if windows.count <= visitAllUpTo {
+            for w in windows { body(w) }
+            return
+        }
+        for w in unlimited where w.offset <= hi { body(w) }
+        var i = byOffset.prefixCount { $0.values.offset <= hi } - 1
+        while i >= 0 {
+            let e = byOffset.select(i)
+            if e.values.offset + maxLimit <= lo { break }
+            body(e.values.window!)
+            i -= 1
+        }
     }
 
     private func sameValues(_ a: SortKey, _ b: SortKey) -> Bool {
@@ -190,7 +258,15 @@ final class QueryView {
         case (nil, false):
             return false
         }
-        for w in windows { w.note(move, n: n, value: value, current: current) }
+        switch move {
+        case .stayed(let r):
+            forEachWindow(reaching: r, r) { $0.note(move, n: n, value: value, current: current) }
+        case .moved(let a, let b):
+            forEachWindow(reaching: min(a, b), max(a, b)) { $0.note(move, n: n, value: value, current: current) }
+        case .entered, .left:
+            // Every window after the rank shifts, and every one's count changes.
+            for w in windows { w.note(move, n: n, value: value, current: current) }
+        }
         return isMember
     }
 }
@@ -208,8 +284,10 @@ final class QueryWindow: SharedView {
     var pending: [CollectionStep] = []
     /// The seq of the last mutation that changed its window or count (`since`, §3.2).
     var changedAt = 0
-    /// Its place in its view's `windows`.
+    /// Its place in its view's `windows`, and its node in `byOffset` (with a
+    /// limit) or its place in `unlimited` (without).
     var windowSlot: Int32 = -1
+    var offsetNode: Int32 = -1
 
     init(key: String, spec: QuerySpec, view: QueryView) {
         self.key = key

@@ -350,13 +350,19 @@ import Testing
               matches: { _ in true }, key: { [at($0, ["author", "name"]), at($0, ["date"])] }, desc: [false, false], offset: 0, limit: nil),
             Q(name: "noTagAll", text: #"{"type":"Post","where":{"not":{"path":"tag","exists":true}}}"#,
               matches: { at($0, ["tag"]) == nil }, key: { _ in [] }, desc: [], offset: 0, limit: nil),
+            Q(name: "byNameFrom5", text: #"{"type":"Post","order":[{"path":"author.name"},{"path":"date"}],"offset":5}"#,
+              matches: { _ in true }, key: { [at($0, ["author", "name"]), at($0, ["date"])] }, desc: [false, false], offset: 5, limit: nil),
             // Equality on an array and an object, through the value index.
             Q(name: "labels", text: #"{"type":"Post","where":{"any":[{"path":"labels","eq":["a","b"]},{"path":"labels","in":[{"k":1,"v":"x"}]}]},"order":[{"path":"date"}]}"#,
               matches: { v in
                   let l = at(v, ["labels"])
                   return l == ["a", "b"] || l == .object(JSONObject([.init(key: "k", value: 1), .init(key: "v", value: "x")]))
               }, key: { [at($0, ["date"])] }, desc: [false], offset: 0, limit: nil),
-        ]
+        ] + (0..<9).map { i in
+            // Pages of one list, of one to three items, overlapping.
+            Q(name: "byNamePage\(i)", text: #"{"type":"Post","order":[{"path":"author.name"},{"path":"date"}],"offset":\#(i),"limit":\#(i % 3 + 1)}"#,
+              matches: { _ in true }, key: { [at($0, ["author", "name"]), at($0, ["date"])] }, desc: [false, false], offset: i, limit: i % 3 + 1)
+        }
         // Identity order of the reference: code points, as the contract says.
         func less(_ q: Q, _ a: (String, JSON), _ b: (String, JSON)) -> Bool {
             let ka = q.key(a.1), kb = q.key(b.1)
@@ -403,8 +409,8 @@ import Testing
         }
         for step in 0..<300 {
             // Subscribe each query at a different moment (also to an existing state).
-            if step % 25 == 0, step / 25 < defs.count {
-                let q = defs[step / 25]
+            if step % 12 == 0, step / 12 < defs.count {
+                let q = defs[step / 12]
                 let r = c.ok(#"{"op":"subscribe","sub":"\#(q.name)","query":\#(q.text)}"#)
                 windows[q.name] = r["items"]?.arrayValue ?? []
                 counts[q.name] = r["count"]?.numberValue?.intValue ?? -1
