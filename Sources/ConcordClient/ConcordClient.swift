@@ -150,7 +150,8 @@ public final class ConcordClient: @unchecked Sendable {
         return fd
     }
 
-    private func attach(_ fd: Int32) {
+    @discardableResult
+    private func attach(_ fd: Int32) -> Int {
         let generation = lock.withLock { () -> Int in
             state.fd = fd
             state.connected = true
@@ -164,6 +165,7 @@ public final class ConcordClient: @unchecked Sendable {
         // Parsing is recursive: room for `maxMessageDepth` levels.
         reader.stackSize = 64 << 20
         reader.start()
+        return generation
     }
 
     private func write(_ bytes: [UInt8], fd: Int32) {
@@ -347,8 +349,8 @@ public final class ConcordClient: @unchecked Sendable {
         while true {
             if lock.withLock({ state.closed }) { return }
             if let fd = try? Self.openSocket(configuration.socketPath) {
-                attach(fd)
-                Task { await self.resynchronize() }
+                let generation = attach(fd)
+                Task { await self.resynchronize(generation) }
                 return
             }
             let (s, a) = delay.components
@@ -357,17 +359,22 @@ public final class ConcordClient: @unchecked Sendable {
         }
     }
 
-    /// Re-establishes every subscription on a fresh connection and tells each one.
-    private func resynchronize() async {
-        let generation = lock.withLock { state.generation }
+    /// Re-establishes every subscription on connection `generation` and
+    /// tells each one. A pass whose connection was replaced stops at once:
+    /// the newer connection's pass owns the subscriptions (a stale pass
+    /// used to end the newer one's hold on a subscription's events, losing
+    /// its resynced state and what it held).
+    private func resynchronize(_ generation: Int) async {
         defer { lock.withLock { state.resynced = max(state.resynced, generation) } }
+        func current() -> Bool { lock.withLock { state.generation == generation } }
         _ = try? await hello()
         let subs = lock.withLock { Array(state.subscriptions.values) }
         for s in subs {
+            guard current() else { return }
             // Events after the answer wait until its state is handed over (the
             // answer resumes this task; events arrive on the reader thread).
-            s.holdEvents()
-            defer { s.dropHeld() }  // a failure: the next reconnect resynchronizes
+            let hold = s.holdEvents()
+            defer { s.dropHeld(hold) }  // a failure: the next reconnect resynchronizes
             do {
                 var o = s.subscribeRequest(resync: true)
                 o["op"] = "subscribe"
@@ -383,21 +390,22 @@ public final class ConcordClient: @unchecked Sendable {
                     o["since"] = nil
                     r = try await request(o)
                 }
+                guard current() else { return }
                 let seq = r["seq"]?.numberValue?.intValue ?? 0
                 if r["unchanged"] == .bool(true) {
                     s.noteSeq(seq)
-                    s.releaseHeld()
+                    s.releaseHeld(hold)
                     if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
                     continue
                 }
                 if r["truncated"] == .bool(true) {
-                    s.releaseHeld(first: .truncated(seq: seq))
+                    s.releaseHeld(hold, first: .truncated(seq: seq))
                     if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
                     continue
                 }
                 if case .feed = s.targetSnapshot {
                     s.noteSeq(seq)
-                    s.releaseHeld()
+                    s.releaseHeld(hold)
                     if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
                     continue
                 }
@@ -405,14 +413,15 @@ public final class ConcordClient: @unchecked Sendable {
                 // A query's state is its window and its count.
                 if let count = r["count"] { stateValue = ["items": stateValue, "count": count] }
                 s.noteResynced(stateValue)
-                s.releaseHeld(first: .resynced(seq: seq, state: stateValue))
+                s.releaseHeld(hold, first: .resynced(seq: seq, state: stateValue))
                 if s.isPaused { _ = try? await op("pause", [("sub", .string(s.name))]) }
             } catch let e as ConcordError where [.disconnected, .shuttingDown, .closed].contains(e.code) {
                 // This connection is going away too (a server that is still
                 // stopping accepted it): the next reconnect resynchronizes.
                 continue
             } catch {
-                s.dropHeld()
+                guard current() else { return }
+                s.dropHeld(hold)
                 let removed = lock.withLock { state.subscriptions.removeValue(forKey: s.name) }
                 removed?.yield(.ended(seq: 0, context: nil))
                 removed?.finish()

@@ -142,26 +142,37 @@ final class SubscriptionState: @unchecked Sendable {
     /// handled on a task, the events on the reader thread, and a newer event
     /// must not be applied before the older state it follows.
     private var held: [ConcordEvent]?
+    /// Which hold `held` belongs to: a later hold replaces an earlier one,
+    /// and only its owner releases or drops it.
+    private var holdToken = 0
 
-    func holdEvents() { lock.withLock { held = [] } }
+    /// Starts holding events; returns the hold's token.
+    func holdEvents() -> Int {
+        lock.withLock {
+            held = []
+            holdToken &+= 1
+            return holdToken
+        }
+    }
 
     /// Ends the hold: `first` (the resubscription's outcome, if any), then the
     /// held events in order (a feed's replay, sent before the answer, and
     /// whatever followed the answer). A no-op when nothing is held.
-    func releaseHeld(first: ConcordEvent? = nil) {
-        guard let events = takeHeld() else { return }
+    func releaseHeld(_ token: Int, first: ConcordEvent? = nil) {
+        guard let events = takeHeld(token) else { return }
         if let first { deliver(first) }
         for e in events { deliver(e) }
     }
 
     /// Ends the hold, dropping what it held (the resubscription failed: the
     /// next reconnection resynchronizes from scratch).
-    func dropHeld() { _ = takeHeld() }
+    func dropHeld(_ token: Int) { _ = takeHeld(token) }
 
-    private func takeHeld() -> [ConcordEvent]? {
+    private func takeHeld(_ token: Int) -> [ConcordEvent]? {
         lock.withLock {
-            defer { held = nil }
-            return held
+            guard token == holdToken, let events = held else { return nil }
+            held = nil
+            return events
         }
     }
 
