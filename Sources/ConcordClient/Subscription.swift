@@ -158,10 +158,23 @@ final class SubscriptionState: @unchecked Sendable {
     /// Ends the hold: `first` (the resubscription's outcome, if any), then the
     /// held events in order (a feed's replay, sent before the answer, and
     /// whatever followed the answer). A no-op when nothing is held.
+    ///
+    /// The hold lasts until everything it holds is delivered: an event the
+    /// reader thread yields meanwhile joins the queue instead of overtaking
+    /// (an insert applied before the resynced list it follows was lost when
+    /// the list replaced it — seen once in CI, under load).
     func releaseHeld(_ token: Int, first: ConcordEvent? = nil) {
-        guard let events = takeHeld(token) else { return }
+        guard lock.withLock({ token == holdToken && held != nil }) else { return }
         if let first { deliver(first) }
-        for e in events { deliver(e) }
+        while true {
+            let batch = lock.withLock { () -> [ConcordEvent] in
+                guard token == holdToken, let events = held else { return [] }
+                held = events.isEmpty ? nil : []
+                return events
+            }
+            if batch.isEmpty { return }
+            for e in batch { deliver(e) }
+        }
     }
 
     /// Ends the hold, dropping what it held (the resubscription failed: the

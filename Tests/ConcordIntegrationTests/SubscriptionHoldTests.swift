@@ -28,4 +28,24 @@ import Testing
         #expect(got.withLock { $0 } == [4, 5, 6])
         continuation.finish()
     }
+
+    /// An event the reader thread yields while the held ones are being
+    /// delivered waits its turn: it never overtakes the resynced state.
+    @Test func anEventDuringTheReleaseComesAfterWhatWasHeld() {
+        let (_, continuation) = AsyncStream<ConcordEvent>.makeStream()
+        let got = Mutex<[Int]>([])
+        final class Box: @unchecked Sendable { var s: SubscriptionState? }
+        let box = Box()
+        let s = SubscriptionState(name: "people", target: .collection("people"), continuation: continuation) { e in
+            // The reader thread's next event arrives while this one is handled.
+            if e.seq == 4 { box.s?.yield(.collection(seq: 6, [], context: nil)) }
+            got.withLock { $0.append(e.seq) }
+        }
+        box.s = s
+        let hold = s.holdEvents()
+        s.yield(.collection(seq: 5, [], context: nil))
+        s.releaseHeld(hold, first: .resynced(seq: 4, state: []))
+        #expect(got.withLock { $0 } == [4, 5, 6])
+        continuation.finish()
+    }
 }
