@@ -104,7 +104,7 @@ public final class ConcordTestServer: @unchecked Sendable {
         while process.isRunning && Date() < deadline { usleep(10_000) }
         if process.isRunning {
             kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
+            waitBounded()
             return -1
         }
         return process.terminationStatus
@@ -114,7 +114,16 @@ public final class ConcordTestServer: @unchecked Sendable {
     public func kill9() {
         guard process.isRunning else { return }
         kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
+        waitBounded()
+    }
+
+    /// Waits up to 10 s for Foundation to see the exit. Not `waitUntilExit`:
+    /// once, under the address sanitizer, Foundation missed a child's exit
+    /// (the server was a zombie nobody reaped) and `waitUntilExit` spun for
+    /// ever, holding the whole test run; a test now fails instead.
+    private func waitBounded() {
+        let deadline = Date().addingTimeInterval(10)
+        while process.isRunning && Date() < deadline { usleep(10_000) }
     }
 
     deinit {

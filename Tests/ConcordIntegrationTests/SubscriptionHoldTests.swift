@@ -47,5 +47,6 @@ import Testing
         s.releaseHeld(hold, first: .resynced(seq: 4, state: []))
         #expect(got.withLock { $0 } == [4, 5, 6])
         continuation.finish()
+        box.s = nil  // the handler holds the box, the box the subscription
     }
 }
