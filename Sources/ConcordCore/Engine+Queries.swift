@@ -110,9 +110,7 @@ extension Engine {
     func queryWindow(_ spec: QuerySpec) throws(ProtocolError) -> QueryWindow {
         let key = spec.canonicalKey
         if let w = queries.windows[key] { return w }
-        if queries.windows.count >= configuration.maxQueryViews {
-            throw ProtocolError(.limitExceeded, "the server already keeps \(configuration.maxQueryViews) live query definitions (--max-query-views); share a definition or drop one")
-        }
+        try checkRoomForADefinition()
         let view = try queryView(QueryView.unwindowed(spec))
         let w = QueryWindow(key: key, spec: spec, view: view)
         // What the window shows follows from the view: unchanged since the view last was.
@@ -120,6 +118,12 @@ extension Engine {
         view.attach(w)
         queries.windows[key] = w
         return w
+    }
+
+    /// `--max-query-views`: how many definitions (pages included) are kept.
+    private func checkRoomForADefinition() throws(ProtocolError) {
+        guard queries.windows.count >= configuration.maxQueryViews else { return }
+            throw ProtocolError(.limitExceeded, "the server already keeps \(configuration.maxQueryViews) live query definitions (--max-query-views); share a definition or drop one")
     }
 
     /// The view for a definition without its window: shared when it exists,
@@ -377,9 +381,7 @@ extension Engine {
         if let w = queries.windows[spec.canonicalKey] { return (queryItems(w), w.count) }
         let unwindowed = QueryView.unwindowed(spec)
         let existing = queries.views[unwindowed.canonicalKey]
-        if existing == nil, queries.windows.count >= configuration.maxQueryViews {
-            throw ProtocolError(.limitExceeded, "the server already keeps \(configuration.maxQueryViews) live query definitions (--max-query-views); share a definition or drop one")
-        }
+        if existing == nil { try checkRoomForADefinition() }
         let view: QueryView
         if let existing { view = existing } else { view = try queryView(unwindowed) }
         let w = QueryWindow(key: spec.canonicalKey, spec: spec, view: view)

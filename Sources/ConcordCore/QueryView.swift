@@ -164,27 +164,29 @@ final class QueryView {
 
     /// Takes a window out in O(1): the last one moves into its slot.
     func detach(_ w: QueryWindow) {
-        let i = Int(w.windowSlot)
-        guard i >= 0, i < windows.count, windows[i] === w else { return }
-        let last = windows.removeLast()
-        if i < windows.count {
-            windows[i] = last
-            last.windowSlot = Int32(i)
-        }
+        guard Self.swapRemove(w, at: w.windowSlot, from: &windows, moved: { $0.windowSlot = $1 }) else { return }
         w.windowSlot = -1
         if w.limit != nil {
             byOffset.remove(node: w.offsetNode)
         } else {
-            let j = Int(w.offsetNode)
-            if j >= 0, j < unlimited.count, unlimited[j] === w {
-                let last = unlimited.removeLast()
-                if j < unlimited.count {
-                    unlimited[j] = last
-                    last.offsetNode = Int32(j)
-                }
-            }
+            _ = Self.swapRemove(w, at: w.offsetNode, from: &unlimited, moved: { $0.offsetNode = $1 })
         }
         w.offsetNode = -1
+    }
+
+    /// Takes `w` out of `list`, where it is at `slot`, by moving the last one
+    /// into its place (`moved` tells that one its new slot). False when it is
+    /// not there.
+    private static func swapRemove(_ w: QueryWindow, at slot: Int32, from list: inout [QueryWindow],
+                                   moved: (QueryWindow, Int32) -> Void) -> Bool {
+        let i = Int(slot)
+        guard i >= 0, i < list.count, list[i] === w else { return false }
+        let last = list.removeLast()
+        if i < list.count {
+            list[i] = last
+            moved(last, slot)
+        }
+        return true
     }
 
     /// The windows a change between ranks `lo` and `hi` can reach: every
