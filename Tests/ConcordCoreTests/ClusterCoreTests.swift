@@ -80,6 +80,12 @@ final class FakeCluster {
         return i
     }
 
+    /// One host and a connection to it.
+    static func oneHost() -> (FakeCluster, Engine, TestConn) {
+        let cl = FakeCluster(hosts: 1)
+        return (cl, cl.hosts[0].engine, cl.hosts[0].connect())
+    }
+
     func deliver(_ i: Int) {
         let h = hosts[i]
         while read[i] < log.entries.count {
@@ -128,9 +134,7 @@ final class FakeCluster {
     }
 
     @Test func pipelinedMutationsShareTheLogAndAnswersStayInOrder() {
-        let cl = FakeCluster(hosts: 1)
-        let engine = cl.hosts[0].engine
-        let c = cl.hosts[0].connect()
+        let (cl, engine, c) = FakeCluster.oneHost()
         c.post(#"{"rid":1,"op":"update","model":{"id":"A","v":1}}"#)
         c.post(#"{"rid":2,"op":"update","model":{"id":"A","v":2}}"#)
         c.post(#"{"rid":3,"op":"get","id":"A"}"#)
@@ -149,9 +153,7 @@ final class FakeCluster {
     }
 
     @Test func aConnectionHasABoundedNumberOfMutationsInTheLog() {
-        let cl = FakeCluster(hosts: 1)
-        let engine = cl.hosts[0].engine
-        let c = cl.hosts[0].connect()
+        let (cl, engine, c) = FakeCluster.oneHost()
         for i in 0..<1100 { c.post(#"{"rid":\#(i),"op":"update","model":{"id":"A","v":\#(i)}}"#) }
         let taken = engine.takeClusterAppends()
         #expect(taken.count == ClusterState.maxPendingPerConnection)
@@ -165,9 +167,7 @@ final class FakeCluster {
     }
 
     @Test func aFailureBehindAMutationStillInTheLogIsAnsweredAfterIt() {
-        let cl = FakeCluster(hosts: 1)
-        let engine = cl.hosts[0].engine
-        let c = cl.hosts[0].connect()
+        let (cl, engine, c) = FakeCluster.oneHost()
         c.post(#"{"rid":1,"op":"update","model":{"id":"A","v":1}}"#)
         let first = engine.takeClusterAppends()
         c.post(#"{"rid":2,"op":"update","model":{"id":"A","v":2}}"#)
@@ -195,9 +195,7 @@ final class FakeCluster {
     }
 
     @Test func aMutationTheLogLostIsAnsweredBeforeANewerOneThatCameBack() {
-        let cl = FakeCluster(hosts: 1)
-        let engine = cl.hosts[0].engine
-        let c = cl.hosts[0].connect()
+        let (cl, engine, c) = FakeCluster.oneHost()
         c.post(#"{"rid":1,"op":"update","model":{"id":"A","v":1}}"#)
         let first = engine.takeClusterAppends()
         cl.log.append(origin: "h0#run", first)
