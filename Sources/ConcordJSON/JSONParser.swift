@@ -244,6 +244,8 @@ struct ParserState {
         pos = start
         var ascii = true
         while pos < buf.count {
+            pos = ByteScan.skipPlain(buf.baseAddress!, from: pos, end: buf.count)
+            guard pos < buf.count else { break }
             let c = buf[pos]
             if c == UInt8(ascii: "\"") {
                 let end = pos
@@ -274,6 +276,8 @@ struct ParserState {
         // Fast path: no escapes, ASCII or valid UTF-8 checked once at the end.
         var ascii = true
         while pos < buf.count {
+            pos = ByteScan.skipPlain(buf.baseAddress!, from: pos, end: buf.count)
+            guard pos < buf.count else { break }
             let c = buf[pos]
             if c == UInt8(ascii: "\"") {
                 let slice = UnsafeBufferPointer(rebasing: buf[start..<pos])

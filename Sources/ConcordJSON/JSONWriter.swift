@@ -48,12 +48,15 @@ public struct JSONWriter: Sendable {
         if needed > bytes.capacity { bytes.reserveCapacity(Swift.max(needed, bytes.capacity &* 2)) }
         bytes.append(0x22)
         do {
+            guard let base = utf8.baseAddress else { bytes.append(0x22); return }
+            let end = utf8.count
             var runStart = 0
-            for i in 0..<utf8.count {
-                let c = utf8[i]
-                if c >= 0x20 && c != 0x22 && c != 0x5C { continue }
-                if runStart < i { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[runStart..<i])) }
-                runStart = i + 1
+            while true {
+                let i = ByteScan.skipUnescaped(base, from: runStart, end: end)
+                if runStart < i { bytes.append(contentsOf: UnsafeBufferPointer(start: base + runStart, count: i &- runStart)) }
+                if i == end { break }
+                let c = base[i]
+                runStart = i &+ 1
                 switch c {
                 case 0x22: bytes.append(0x5C); bytes.append(0x22)
                 case 0x5C: bytes.append(0x5C); bytes.append(0x5C)
@@ -67,7 +70,6 @@ public struct JSONWriter: Sendable {
                     bytes.append(contentsOf: [0x5C, UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(c >> 4)], hex[Int(c & 0xF)]])
                 }
             }
-            if runStart < utf8.count { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[runStart..<utf8.count])) }
         }
         bytes.append(0x22)
     }

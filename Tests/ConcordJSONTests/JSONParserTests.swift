@@ -94,4 +94,55 @@ struct JSONParserTests {
         for i in [0, 7, 10, -1, 1234567, Int.min, Int.max] { w.int(i); w.raw(",") }
         #expect(String(decoding: w.bytes, as: UTF8.self) == "0,7,10,-1,1234567,-9223372036854775808,9223372036854775807,")
     }
+
+    /// The writer and the parser read strings eight bytes at a time
+    /// (`ByteScan`): a byte needing attention is found at every offset in and
+    /// across words, and next to others, exactly as a byte-by-byte reference does.
+    @Test func stringsAreScannedCorrectlyAtEveryOffset() throws {
+        func reference(_ s: String) -> String {
+            var out = "\""
+            for u in s.unicodeScalars {
+                switch u {
+                case "\"": out += "\\\""
+                case "\\": out += "\\\\"
+                case "\n": out += "\\n"
+                case "\r": out += "\\r"
+                case "\t": out += "\\t"
+                case "\u{08}": out += "\\b"
+                case "\u{0C}": out += "\\f"
+                case _ where u.value < 0x20:
+                    let hex = Array("0123456789abcdef")
+                    out += "\\u00" + String(hex[Int(u.value >> 4)]) + String(hex[Int(u.value & 0xF)])
+                default: out.unicodeScalars.append(u)
+                }
+            }
+            return out + "\""
+        }
+        let specials: [String] = ["\"", "\\", "\n", "\u{01}", "\u{1F}", "\u{7F}", " ", "~", "é", "😀", "\"\"", "\\\u{1F}"]
+        for before in 0..<19 {
+            for after in [0, 1, 7, 8, 9, 16] {
+                for sp in specials {
+                    let s = String(repeating: "a", count: before) + sp + String(repeating: "b", count: after)
+                    let written = JSON.string(s).compactString
+                    #expect(written == reference(s), "\(before) \(sp.debugDescription) \(after)")
+                    #expect(try parser.parse(written) == .string(s))
+                    var tape = JSONTape()
+                    let bytes = Array(written.utf8)
+                    try bytes.withUnsafeBufferPointer { try tape.parse($0) }
+                    #expect(tape.nodes.count == 1)
+                }
+                // A raw control character is refused at its own offset.
+                let bad = Array(("\"" + String(repeating: "a", count: before) + "\u{01}" + String(repeating: "b", count: after) + "\"").utf8)
+                do {
+                    _ = try parser.parse(bad)
+                    Issue.record("a raw control character was accepted")
+                } catch {
+                    #expect(error.offset == before + 1)
+                }
+                // An unterminated string is refused.
+                let open = Array(("\"" + String(repeating: "a", count: before + after)).utf8)
+                #expect(throws: JSONParseError.self) { try parser.parse(open) }
+            }
+        }
+    }
 }
