@@ -71,7 +71,7 @@ extension Engine {
                 case .deleteEntity(let id):
                     let ch = store.deleteEntity(id)
                     change.formUnion(ch)
-                    effects.append(.delete(ch.deleted))
+                    effects.append(.delete(Set(ch.deleted)))
                 case .deleteKey(let key):
                     change.formUnion(store.deleteDocument(key))
                 case .collectionSet(let name, let items):
@@ -168,7 +168,7 @@ extension Engine {
         // Model views holding any identity the mutation touched.
         var models: [ModelView] = []
         var seenModels: Set<ObjectIdentifier> = []
-        func collect(_ ids: Set<String>) {
+        func collect(_ ids: some Sequence<String>) {
             for id in ids {
                 guard let ws = modelWatchers[id] else { continue }
                 for (oid, v) in ws where seenModels.insert(oid).inserted { models.append(v) }

@@ -49,21 +49,21 @@ final class DocumentRecord {
 /// What one store operation did, for the views.
 struct StoreChange {
     /// Entities whose materialized value changed (an own write or a nested change).
-    var valueChanged: Set<String> = []
+    var valueChanged = IDSet()
     /// Entities whose own record was written with a change, deleted, or forced: the feed.
-    var recordChanged: Set<String> = []
+    var recordChanged = IDSet()
     /// Entities deleted (cascades included).
-    var deleted: Set<String> = []
+    var deleted = IDSet()
     /// Entities forced, plus every entity holding one.
-    var forcedHolders: Set<String> = []
+    var forcedHolders = IDSet()
     /// Documents whose value changed (or was forced).
-    var documentsChanged: Set<String> = []
+    var documentsChanged = IDSet()
     /// Documents removed.
-    var documentsDeleted: Set<String> = []
+    var documentsDeleted = IDSet()
     /// Documents that hold a forced entity (told even when unchanged).
-    var documentsForced: Set<String> = []
+    var documentsForced = IDSet()
     /// Collections dropped (`collection.delete`).
-    var collectionsDeleted: Set<String> = []
+    var collectionsDeleted = IDSet()
 
     mutating func formUnion(_ o: StoreChange) {
         valueChanged.formUnion(o.valueChanged)
@@ -141,7 +141,7 @@ final class Store {
     /// its children's new versions where it held their old ones), so the
     /// stored-depth check can skip them.
     /// `limit`: the stored-depth bound (heights are compared up to one above it).
-    func aHeldEntityNestsDeeper(among ids: Set<String>, limit: Int) -> Bool {
+    func aHeldEntityNestsDeeper(among ids: IDSet, limit: Int) -> Bool {
         for id in ids {
             guard let rec = entities[id], rec.mutationMark & EntityRecord.written != 0,
                   rec.mutationMark >> 2 == mutationGeneration, referrers[id] != nil else { continue }
@@ -303,8 +303,8 @@ final class Store {
                     for r in (referrers[id] ?? [:]).keys where holders.insert(r).inserted { queue.append(r) }
                 docs.formUnion((documentReferrers[id] ?? [:]).keys)
             }
-            change.forcedHolders = holders
-            change.documentsForced = docs
+            change.forcedHolders = IDSet(holders)
+            change.documentsForced = IDSet(docs)
             refreshInCollections(holders.lazy.filter { !change.valueChanged.contains($0) }, changed: false)
         }
         if let key = u.key {
@@ -334,7 +334,7 @@ final class Store {
                 }
             }
         }
-        change.deleted = deleted
+        change.deleted = IDSet(deleted)
         // Who held the deleted entities, before they go.
         var parents: Set<String> = []
         var docs: Set<String> = []
@@ -350,8 +350,8 @@ final class Store {
                 entityJournal[d] = .some(nil)
             }
         }
-        change.recordChanged = deleted.union(parents)
-        propagate(from: [], skipping: [], deleted: deleted, seeds: parents, documents: docs, into: &change)
+        change.recordChanged = IDSet(deleted.union(parents))
+        propagate(from: IDSet(), skipping: [], deleted: deleted, seeds: parents, documents: IDSet(docs), into: &change)
         return change
     }
 
@@ -381,11 +381,11 @@ final class Store {
     /// Re-materializes every entity and document that holds a changed one,
     /// children before parents, and records what changed.
     private func propagate(
-        from changed: Set<String>,
+        from changed: IDSet,
         skipping written: Set<String>,
         deleted: Set<String>,
         seeds extraSeeds: Set<String> = [],
-        documents extraDocs: Set<String> = [],
+        documents extraDocs: IDSet = IDSet(),
         into change: inout StoreChange
     ) {
         // Upward closure through referrers, marked on the records (a
