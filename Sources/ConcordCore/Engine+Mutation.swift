@@ -115,8 +115,7 @@ extension Engine {
         // nest deeper only when an entity written here does: then all are walked.
         let skipSubstituted = change.valueChanged.count > 1 && !store.aHeldEntityNestsDeeper(among: change.valueChanged, limit: limit)
         for id in change.valueChanged {
-            if skipSubstituted && store.onlySubstituted(id) { continue }
-            if let v = store.entity(id), v.nests(deeperThan: limit) {
+            if let v = store.valueForDepthCheck(id, skipSubstituted: skipSubstituted), v.nests(deeperThan: limit) {
                 throw ProtocolError(.tooDeep, "the value of '\(clipID(id))' would nest deeper than \(limit) levels with its entities; nothing was applied")
             }
         }

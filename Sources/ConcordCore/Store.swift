@@ -18,8 +18,8 @@ final class EntityRecord {
     var walkGeneration: UInt64 = 0
     var walkState: WalkState = .none
     /// What the running mutation did to this record: `Store.mutationGeneration`
-    /// shifted left by 2, with `written` / `substituted` in the low bits
-    /// (stale when the generation differs).
+    /// shifted left by 3, with `written` / `substituted` / `reshaped` in the
+    /// low bits (stale when the generation differs).
     var mutationMark: UInt64 = 0
 
     enum WalkState: UInt8 {
@@ -28,6 +28,12 @@ final class EntityRecord {
 
     static let written: UInt64 = 1
     static let substituted: UInt64 = 2
+    /// Written with a value that is not a subtree of the request as it came
+    /// (a merge, repeated identities resolved, a pruning, a restore, a
+    /// load): only a record written without it is known to nest no deeper
+    /// than the request did.
+    static let reshaped: UInt64 = 4
+    static let markBits = 3
 
     init(value: JSON, children: [String: Int]) {
         self.value = value
@@ -124,15 +130,22 @@ final class Store {
 
     @inline(__always)
     private func markMutation(_ rec: EntityRecord, _ what: UInt64) {
-        let base = mutationGeneration << 2
-        rec.mutationMark = (rec.mutationMark & ~3) == base ? rec.mutationMark | what : base | what
+        let base = mutationGeneration << EntityRecord.markBits
+        rec.mutationMark = (rec.mutationMark & ~7) == base ? rec.mutationMark | what : base | what
     }
 
-    /// True when the running mutation changed `id` only by substituting its
-    /// children's new versions (a referrer refreshed), never by writing it.
-    func onlySubstituted(_ id: String) -> Bool {
-        guard let rec = entities[id] else { return false }
-        return rec.mutationMark == (mutationGeneration << 2 | EntityRecord.substituted)
+    /// The value of `id` when the stored-depth check has to walk it; nil
+    /// when it is absent or known to be within the bound without a walk:
+    /// written only with a subtree of its request as it came (the parser
+    /// bounded the request's depth, and the model sits at least one level
+    /// inside it), or — with `skipSubstituted` — changed only by substituting
+    /// its children's new versions (a referrer refreshed), never written.
+    func valueForDepthCheck(_ id: String, skipSubstituted: Bool) -> JSON? {
+        guard let rec = entities[id] else { return nil }
+        let base = mutationGeneration << EntityRecord.markBits
+        if rec.mutationMark == base | EntityRecord.written { return nil }
+        if skipSubstituted && rec.mutationMark == base | EntityRecord.substituted { return nil }
+        return rec.value
     }
 
     /// Whether some entity written by the running mutation, and held by
@@ -144,7 +157,7 @@ final class Store {
     func aHeldEntityNestsDeeper(among ids: IDSet, limit: Int) -> Bool {
         for id in ids {
             guard let rec = entities[id], rec.mutationMark & EntityRecord.written != 0,
-                  rec.mutationMark >> 2 == mutationGeneration, referrers[id] != nil else { continue }
+                  rec.mutationMark >> EntityRecord.markBits == mutationGeneration, referrers[id] != nil else { continue }
             if rec.value.height(cappedAt: limit + 1) > valueBeforeMutation(id).height(cappedAt: limit + 1) { return true }
         }
         return false
@@ -220,6 +233,9 @@ final class Store {
         var force: Bool
         var key: String?
         var model: JSON
+        /// Every value is a subtree of `model` as it came: a replace whose
+        /// identities each occur once (none resolved, none merged).
+        var verbatim: Bool = false
     }
 
     /// Computes the new versions of an update's entities without writing them.
@@ -229,7 +245,7 @@ final class Store {
         // With each identity once, every nested occurrence already is its winner.
         let resolved = repeated ? tree.resolve(winners, order: order) : winners
         guard mode == .merge else {
-            return PreparedUpdate(order: order, ids: Set(order), values: resolved, partials: nil, mode: mode, force: force, key: key, model: model)
+            return PreparedUpdate(order: order, ids: Set(order), values: resolved, partials: nil, mode: mode, force: force, key: key, model: model, verbatim: !repeated)
         }
         // Merge: members present in the update win, absent ones are kept from
         // the stored record; nested entities merge by identity on their own.
@@ -290,7 +306,7 @@ final class Store {
                 change.recordChanged.insert(id)
                 change.valueChanged.insert(id)
             }
-            setEntity(id, newValue)
+            setEntity(id, newValue, verbatim: u.verbatim)
         }
         let written = u.ids
         propagate(from: change.valueChanged, skipping: written, deleted: [], into: &change)
@@ -525,10 +541,11 @@ final class Store {
     /// a record replaced within the mutation was journaled by identity first).
     @inline(__always)
     private func touchedInThisMutation(_ rec: EntityRecord) -> Bool {
-        rec.mutationMark >> 2 == mutationGeneration
+        rec.mutationMark >> EntityRecord.markBits == mutationGeneration
     }
 
-    private func setEntity(_ id: String, _ value: JSON) {
+    /// `verbatim`: `value` is a subtree of the request as it came (see `EntityRecord.reshaped`).
+    private func setEntity(_ id: String, _ value: JSON, verbatim: Bool = false) {
         let resident = entities[id]
         if let resident {
             if !touchedInThisMutation(resident) { entityJournal[id] = .some(resident.value) }
@@ -537,7 +554,7 @@ final class Store {
         }
         let newChildren = tree.nestedEntities(value)
         if let rec = resident {
-            markMutation(rec, EntityRecord.written)
+            markMutation(rec, verbatim ? EntityRecord.written : EntityRecord.written | EntityRecord.reshaped)
             if rec.children != newChildren {
                 for (c, n) in rec.children { adjustReferrer(of: c, entity: id, by: -n) }
                 for (c, n) in newChildren { adjustReferrer(of: c, entity: id, by: n) }
@@ -546,7 +563,7 @@ final class Store {
             rec.value = value
         } else {
             let rec = EntityRecord(value: value, children: newChildren)
-            markMutation(rec, EntityRecord.written)
+            markMutation(rec, verbatim ? EntityRecord.written : EntityRecord.written | EntityRecord.reshaped)
             entities[id] = rec
             for (c, n) in newChildren { adjustReferrer(of: c, entity: id, by: n) }
         }

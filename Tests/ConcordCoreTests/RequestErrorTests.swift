@@ -59,6 +59,27 @@ struct RequestErrorTests {
         #expect(a.error(#"{"op":"update","model":{"id":"A","x":{"y":[[1]]}}}"#) == "too_deep")
     }
 
+    /// A value written as it came in the request is within the bound
+    /// without a walk (the parser bounded the request); one built from the
+    /// request is walked: an identity repeated deeper than its fullest
+    /// occurrence carries that occurrence down with it.
+    @Test func anIdentityResolvedDeeperThanItCameIsHeldToTheBound() {
+        var cfg = EngineConfiguration()
+        cfg.maxDepth = 6
+        let h = EngineHarness(configuration: cfg)
+        let a = h.connect()
+        // Every level of the request within 6; P:1 would hold A:1's full
+        // value at P(1) a(2) b(3) c=A(4) x(5) y(6): 6 levels > 5.
+        let seq = h.engine.seq
+        #expect(a.error(#"{"op":"update","model":{"id":"P:1","a":{"b":{"c":{"id":"A:1"}}},"z":{"id":"A:1","x":{"y":{"w":1}}}}}"#) == "too_deep")
+        #expect(h.engine.seq == seq)
+        #expect(h.engine.store.entity("P:1") == nil)
+        // The same entities, A:1's full value one level shallower: taken.
+        a.ok(#"{"op":"update","model":{"id":"P:1","a":{"b":{"c":{"id":"A:1"}}},"z":{"id":"A:1","x":{"y":1}}}}"#)
+        #expect(h.engine.store.entity("P:1")?.height(cappedAt: 20) == 5)
+        #expect(h.engine.store.invariantViolations().isEmpty)
+    }
+
     @Test func subscriptionLimitAndDuplicateNames() {
         var cfg = EngineConfiguration()
         cfg.maxSubscriptionsPerConnection = 2
