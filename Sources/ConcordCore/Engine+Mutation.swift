@@ -7,13 +7,6 @@ enum ViewEffect {
     case delete(Set<String>)
 }
 
-/// The outcome of rendering one model view for one mutation.
-struct ModelRender {
-    var ended = false
-    var newIDs: Set<String>? = nil
-    var event: [UInt8]? = nil
-}
-
 extension Engine {
     // MARK: Applying
 
@@ -98,7 +91,7 @@ extension Engine {
             throw isBatch ? error.prefixed("ops[\(index)]") : error
         }
         seq += 1
-        render(effects: effects, change: change, origins: origins, context: options.context)
+        render(effects: effects, change: change, net: ops.count == 1, origins: origins, context: options.context)
         let expired = recordVersions(change, effects: effects, ops: ops, token: options.token)
         recordWrites(token: options.token, expiredTokens: expired)
         store.commit()
@@ -161,183 +154,13 @@ extension Engine {
 
     /// Rewrites every affected view and queues the events. Work on distinct
     /// views runs through the executor; queuing happens afterwards, serially.
-    private func render(effects: [ViewEffect], change: StoreChange, origins: Set<ObjectIdentifier>, context: JSON?) {
-        let seq = self.seq
-
-        // Model views holding any identity the mutation touched.
-        var models: [ModelView] = []
-        var seenModels: Set<ObjectIdentifier> = []
-        func collect(_ ids: some Sequence<String>) {
-            for id in ids {
-                guard let ws = modelWatchers[id] else { continue }
-                for (oid, v) in ws where seenModels.insert(oid).inserted { models.append(v) }
-            }
-        }
-        for e in effects {
-            switch e {
-            case .update(let u): collect(u.ids)
-            case .delete(let d): collect(d)
-            }
-        }
-        // Every list below is put in a fixed order (Set and Dictionary
-        // iteration order is not): the same input gives the same bytes on
-        // every run and at any --threads.
-        if models.count > 1 { models.sort { Self.precedes($0.sub, $1.sub) } }
-
-        // Key views of changed, forced or deleted documents.
-        var keys: [KeyView] = []
-        if !keyViews.isEmpty {
-            // The three sets, each key once, without building their union.
-            for key in change.documentsChanged {
-                if let v = keyViews[key] { keys.append(v) }
-            }
-            for key in change.documentsForced where !change.documentsChanged.contains(key) {
-                if let v = keyViews[key] { keys.append(v) }
-            }
-            for key in change.documentsDeleted where !change.documentsChanged.contains(key) && !change.documentsForced.contains(key) {
-                if let v = keyViews[key] { keys.append(v) }
-            }
-            if keys.count > 1 { keys.sort { $0.key < $1.key } }
-        }
-
-        // Collection views with changes, or dropped.
-        var lists: [CollectionView] = []
-        if !collectionViews.isEmpty {
-            for name in Set(store.collectionChanges.keys).union(change.collectionsDeleted) {
-                if let v = collectionViews[name] { lists.append(v) }
-            }
-            if lists.count > 1 { lists.sort { $0.name < $1.name } }
-        }
-        let listEnded = lists.map { change.collectionsDeleted.contains($0.name) }
-        let listChanges = lists.map { store.collectionChanges[$0.name] ?? [] }
-
-        // Entities whose `entity` event some ids or feed subscription wants.
-        var entityIDs: [String] = []
-        if !idWatchers.isEmpty || !feeds.isEmpty {
-            var wanted: Set<String> = []
-            if !idWatchers.isEmpty {
-                for id in change.valueChanged.union(change.deleted).union(change.forcedHolders) where idWatchers[id] != nil {
-                    wanted.insert(id)
-                }
-            }
-            if !feeds.isEmpty {
-                wanted.formUnion(change.recordChanged)
-                wanted.formUnion(change.deleted)
-            }
-            for id in wanted {
-                if change.forcedHolders.contains(id) || store.valueBeforeMutation(id) != (store.entity(id) ?? .null) {
-                    entityIDs.append(id)
-                }
-            }
-            if entityIDs.count > 1 { entityIDs.sort() }
-        }
-
-        // Parallel part: each item owns one view or one entity payload.
-        var modelResults = [ModelRender](repeating: ModelRender(), count: models.count)
-        var keyPayloads = [(payload: OutputBytes, changed: Bool)?](repeating: nil, count: keys.count)
-        var entityPayloads = [OutputBytes?](repeating: nil, count: entityIDs.count)
-        var listPayloads = [OutputBytes?](repeating: nil, count: lists.count)
-        let entityList = entityIDs
-        let keyEnded = keys.map { change.documentsDeleted.contains($0.key) }
-        let total = models.count + keys.count + entityIDs.count + lists.count
-        let listBase = models.count + keys.count + entityIDs.count
-        if total > 0 {
-        modelResults.withUnsafeMutableBufferPointer { mr in
-            keyPayloads.withUnsafeMutableBufferPointer { kp in
-                entityPayloads.withUnsafeMutableBufferPointer { ep in
-                  listPayloads.withUnsafeMutableBufferPointer { lp in
-                    let models = models
-                    let lists = lists
-                    let (mr, kp, ep, lp) = (mr, kp, ep, lp)
-                    executor.forEach(total) { i in
-                        if i >= listBase {
-                            let l = i - listBase
-                            if !listEnded[l] && !listChanges[l].isEmpty {
-                                var w = JSONWriter(capacity: 256)
-                                self.writeCollectionBody(&w, name: lists[l].name, changes: listChanges[l], context: context)
-                                lp[l] = OutputBytes(w.bytes)
-                            }
-                            return
-                        }
-                        if i < models.count {
-                            mr[i] = self.renderModel(models[i], effects, seq: seq, origins: origins, context: context)
-                        } else if i < models.count + keys.count {
-                            let k = i - models.count
-                            if !keyEnded[k] {
-                                kp[k] = self.renderKey(keys[k], forced: change.documentsForced.contains(keys[k].key), context: context)
-                            }
-                        } else {
-                            let e = i - models.count - keys.count
-                            var w = JSONWriter(capacity: 256)
-                            self.writeEntityBody(&w, id: entityList[e], value: self.store.entity(entityList[e]) ?? .null, context: context)
-                            ep[e] = OutputBytes(w.bytes)
-                        }
-                    }
-                  }
-                }
-            }
-        }
-        }
-
-        // Serial part: queue bytes and update indexes, in a fixed order.
-        for (i, view) in models.enumerated() {
-            let r = modelResults[i]
-            guard let s = view.sub else { continue }
-            if let p = s.pause, p.changed { noteHeldBack(s, p) }
-            if let event = r.event {
-                s.client.output.append(event)
-                markDirty(s.client)
-            }
-            if r.ended {
-                s.client.subs[s.name] = nil
-                unregister(s)
-                continue
-            }
-            if let newIDs = r.newIDs, newIDs != view.ids {
-                let oid = ObjectIdentifier(view)
-                for id in view.ids where !newIDs.contains(id) { removeWatcher(id, oid) }
-                for id in newIDs where !view.ids.contains(id) { modelWatchers[id, default: [:]][oid] = view }
-                view.ids = newIDs
-            }
-        }
-        for (k, view) in keys.enumerated() {
-            if keyEnded[k] {
-                endAll(view, seq: seq, context: context)
-                keyViews[view.key] = nil
-            } else if let (payload, changed) = keyPayloads[k] {
-                send(payload, to: view, event: "update", seq: seq, changed: changed, origins: origins, context: context)
-            }
-        }
-        for (l, view) in lists.enumerated() {
-            if listEnded[l] {
-                endAll(view, seq: seq, context: context)
-                collectionViews[view.name] = nil
-            } else if let payload = listPayloads[l] {
-                send(payload, to: view, event: "collection", seq: seq, changed: store.collectionsChanged.contains(view.name),
-                     origins: origins, context: context)
-            }
-        }
-        var orderedFeeds: [SubscriptionRecord]?
-        for (e, id) in entityIDs.enumerated() {
-            let payload = entityPayloads[e]!
-            let changed = store.valueBeforeMutation(id) != (store.entity(id) ?? .null)
-            if let ws = idWatchers[id] {
-                for s in Self.ordered(ws.values) { sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context) }
-            }
-            if !feeds.isEmpty && (change.recordChanged.contains(id) || change.deleted.contains(id)) {
-                let type = Tree.type(of: id)
-                if orderedFeeds == nil { orderedFeeds = Self.ordered(feeds.values) }
-                for s in orderedFeeds! {
-                    if case .feed(let types?) = s.kind, !types.contains(type) { continue }
-                    sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context)
-                }
-            }
-        }
-        // Query views last: after every other view of the mutation, in definition order.
-        if !queries.types.isEmpty {
-            sendQueryEvents(updateQueries(change), seq: seq, context: context)
-            enforceQueryCap(seq: seq)
-        }
+    /// One mutation's events: plan (which views, what each needs), map
+    /// (their bytes, in parallel), enqueue (serial, in PROTOCOL §6's order).
+    /// Render+Plan.swift, Render+Map.swift, Render+Enqueue.swift.
+    private func render(effects: [ViewEffect], change: StoreChange, net: Bool, origins: Set<ObjectIdentifier>, context: JSON?) {
+        let plan = planRender(effects: effects, change: change, net: net)
+        let results = mapRender(plan, effects: effects, seq: seq, origins: origins, context: context)
+        enqueueRender(plan, results, change: change, seq: seq, origins: origins, context: context)
     }
 
     /// The fixed order of subscriptions within one mutation's events: by
@@ -355,7 +178,7 @@ extension Engine {
     }
 
     /// Ends every subscription of a shared view whose document or collection went away.
-    private func endAll(_ view: SharedView, seq: Int, context: JSON?) {
+    func endAll(_ view: SharedView, seq: Int, context: JSON?) {
         view.forEach { s in
             s.client.output.append(deleteEventBytes(s, seq: seq, context: context))
             markDirty(s.client)
@@ -370,7 +193,7 @@ extension Engine {
     /// One shared payload to every running subscriber of a view, each with its own header.
     /// `changed`: false when a forced write changed nothing (a held-back
     /// subscription then keeps the context of the last real change, §5).
-    private func send(_ payload: OutputBytes, to view: SharedView, event: StaticString, seq: Int, changed: Bool,
+    func send(_ payload: OutputBytes, to view: SharedView, event: StaticString, seq: Int, changed: Bool,
                       origins: Set<ObjectIdentifier>, context: JSON?) {
         view.forEach { s in
             if let p = s.pause {
@@ -388,7 +211,7 @@ extension Engine {
         }
     }
 
-    private func sendEntity(_ s: SubscriptionRecord, _ id: String, _ payload: OutputBytes, seq: Int, changed: Bool,
+    func sendEntity(_ s: SubscriptionRecord, _ id: String, _ payload: OutputBytes, seq: Int, changed: Bool,
                             origins: Set<ObjectIdentifier>, context: JSON?) {
         if let p = s.pause {
             guard changed else { return }
@@ -409,7 +232,7 @@ extension Engine {
 
     /// Replays the mutation's ops on one private tree. Runs on a worker:
     /// touches only this view and its subscription.
-    private func renderModel(_ view: ModelView, _ effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?) -> ModelRender {
+    func renderModel(_ view: ModelView, _ effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?) -> ModelRender {
         guard let s = view.sub else { return ModelRender() }
         var t = view.tree
         var ids = view.ids
@@ -463,19 +286,5 @@ extension Engine {
         result.event = modelEventBytes(s, seq: seq, old: view.lastSent, new: t, context: context)
         view.lastSent = t
         return result
-    }
-
-    /// Encodes one key's new document once for all its subscribers. Runs on a worker.
-    private func renderKey(_ view: KeyView, forced: Bool, context: JSON?) -> (payload: OutputBytes, changed: Bool)? {
-        // Running subscribers of a key always hold the document as of the
-        // last mutation, so "what they last got" is the store's value before
-        // this one (the view keeps no copy).
-        let new = store.document(view.key)
-        let old = store.documentBeforeMutation(view.key)
-        let changed = old != new
-        guard forced || changed else { return nil }
-        var w = JSONWriter(capacity: 256)
-        writeDocumentBody(&w, old: old, new: new, context: context)
-        return (OutputBytes(w.bytes), changed)
     }
 }

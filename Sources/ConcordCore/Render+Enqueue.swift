@@ -1,0 +1,64 @@
+import ConcordJSON
+
+extension Engine {
+    /// Step three, serial: every job's bytes queued to its subscribers, and
+    /// the view indexes updated, in the plan's order (PROTOCOL §6); query
+    /// views last, after every other view of the mutation.
+    func enqueueRender(_ plan: RenderPlan, _ results: RenderResults, change: StoreChange, seq: Int,
+                       origins: Set<ObjectIdentifier>, context: JSON?) {
+        var orderedFeeds: [SubscriptionRecord]?
+        for (i, job) in plan.jobs.enumerated() {
+            switch job {
+            case .model(let view):
+                guard case .model(let r) = results[i], let s = view.sub else { continue }
+                if let p = s.pause, p.changed { noteHeldBack(s, p) }
+                if let event = r.event {
+                    s.client.output.append(event)
+                    markDirty(s.client)
+                }
+                if r.ended {
+                    s.client.subs[s.name] = nil
+                    unregister(s)
+                    continue
+                }
+                if let newIDs = r.newIDs, newIDs != view.ids {
+                    let oid = ObjectIdentifier(view)
+                    for id in view.ids where !newIDs.contains(id) { removeWatcher(id, oid) }
+                    for id in newIDs where !view.ids.contains(id) { modelWatchers[id, default: [:]][oid] = view }
+                    view.ids = newIDs
+                }
+            case .key(let view, _, let ended, _):
+                if ended {
+                    endAll(view, seq: seq, context: context)
+                    keyViews[view.key] = nil
+                } else if case .payload(let payload, let changed) = results[i] {
+                    send(payload, to: view, event: "update", seq: seq, changed: changed, origins: origins, context: context)
+                }
+            case .list(let view, let ended, _, _):
+                if ended {
+                    endAll(view, seq: seq, context: context)
+                    collectionViews[view.name] = nil
+                } else if case .payload(let payload, let changed) = results[i] {
+                    send(payload, to: view, event: "collection", seq: seq, changed: changed, origins: origins, context: context)
+                }
+            case .entity(let id, _):
+                guard case .payload(let payload, let changed) = results[i] else { continue }
+                if let ws = idWatchers[id] {
+                    for s in Self.ordered(ws.values) { sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context) }
+                }
+                if !feeds.isEmpty && (change.recordChanged.contains(id) || change.deleted.contains(id)) {
+                    let type = Tree.type(of: id)
+                    if orderedFeeds == nil { orderedFeeds = Self.ordered(feeds.values) }
+                    for s in orderedFeeds! {
+                        if case .feed(let types?) = s.kind, !types.contains(type) { continue }
+                        sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context)
+                    }
+                }
+            }
+        }
+        if !queries.types.isEmpty {
+            sendQueryEvents(updateQueries(change), seq: seq, context: context)
+            enforceQueryCap(seq: seq)
+        }
+    }
+}

@@ -1,0 +1,88 @@
+import ConcordJSON
+
+/// What the map step made for one job.
+enum Rendered {
+    /// Nothing to send (an ended view, an unchanged key, an empty change list).
+    case none
+    case model(ModelRender)
+    /// One payload shared by every subscriber of the job's view or entity.
+    case payload(OutputBytes, changed: Bool)
+}
+
+/// The outcome of rendering one model view for one mutation.
+struct ModelRender {
+    var ended = false
+    var newIDs: Set<String>? = nil
+    var event: [UInt8]? = nil
+}
+
+/// The map step's output: one slot per job, each written by exactly one
+/// work item (possibly on another thread), read by the enqueue step after
+/// the executor returned. Owns its memory; the slots are never resized
+/// while the step runs.
+final class RenderResults: @unchecked Sendable {
+    // Sendable: slot i is written only by item i, and read only after the
+    // executor's forEach returned (which orders the writes before the reads).
+    private let slots: UnsafeMutablePointer<Rendered>
+    let count: Int
+
+    init(count: Int) {
+        self.count = count
+        slots = .allocate(capacity: Swift.max(count, 1))
+        slots.initialize(repeating: .none, count: count)
+    }
+
+    deinit {
+        slots.deinitialize(count: count)
+        slots.deallocate()
+    }
+
+    subscript(i: Int) -> Rendered {
+        get { slots[i] }
+        set { slots[i] = newValue }
+    }
+}
+
+extension Engine {
+    /// Step two: every job's bytes, on the worker pool when there are
+    /// several. Each item reads the store and its own view (nothing else
+    /// writes them during the step) and writes only its own slot.
+    func mapRender(_ plan: RenderPlan, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?) -> RenderResults {
+        let results = RenderResults(count: plan.jobs.count)
+        guard plan.renders else { return results }
+        let jobs = plan.jobs
+        executor.forEach(jobs.count) { i in
+            results[i] = self.renderJob(jobs[i], effects: effects, seq: seq, origins: origins, context: context)
+        }
+        return results
+    }
+
+    private func renderJob(_ job: RenderPlan.Job, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?) -> Rendered {
+        switch job {
+        case .model(let view):
+            return .model(renderModel(view, effects, seq: seq, origins: origins, context: context))
+        case .key(let view, let forced, let ended, let known):
+            if ended { return .none }
+            // Running subscribers of a key always hold the document as of the
+            // last mutation, so "what they last got" is the store's value before
+            // this one (the view keeps no copy).
+            let new = store.document(view.key)
+            let old = store.documentBeforeMutation(view.key)
+            assert(known == nil || known! == (old != new), "a net change set says whether the document changed")
+            let changed = known ?? (old != new)
+            guard forced || changed else { return .none }
+            var w = JSONWriter(capacity: 256)
+            writeDocumentBody(&w, old: old, new: new, context: context)
+            return .payload(OutputBytes(w.bytes), changed: changed)
+        case .list(let view, let ended, let changed, let changes):
+            guard !ended && !changes.isEmpty else { return .none }
+            var w = JSONWriter(capacity: 256)
+            writeCollectionBody(&w, name: view.name, changes: changes, context: context)
+            return .payload(OutputBytes(w.bytes), changed: changed)
+        case .entity(let id, let changed):
+            var w = JSONWriter(capacity: 256)
+            writeEntityBody(&w, id: id, value: store.entity(id) ?? .null, context: context)
+            return .payload(OutputBytes(w.bytes), changed: changed)
+        }
+    }
+}
