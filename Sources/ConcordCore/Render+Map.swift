@@ -71,7 +71,9 @@ extension Engine {
             assert(known == nil || known! == (old != new), "a net change set says whether the document changed")
             let changed = known ?? (old != new)
             guard forced || changed else { return .none }
-            var w = JSONWriter(capacity: 256)
+            // Room for a few hundred bytes of document without growing (the
+            // writer doubles: 256 would copy once for a 250-byte document).
+            var w = JSONWriter(capacity: 512)
             writeDocumentBody(&w, old: old, new: new, context: context)
             return .payload(OutputBytes(w.bytes), changed: changed)
         case .list(let view, let ended, let changed, let changes):

@@ -413,25 +413,19 @@ final class Store {
         // found: an update that nobody holds looks nothing more up.
         var writtenMarked = false
         var toRefresh: [(id: String, record: EntityRecord)] = []
-        // (identity, whether it is itself to be refreshed)
-        var queue: [(String, Bool)] = []
-        queue.reserveCapacity(changed.count + extraSeeds.count)
-        for id in changed { queue.append((id, false)) }
-        for id in extraSeeds {
-            guard let rec = entities[id], rec.walkGeneration != generation else { continue }
-            rec.mark(generation, .pending)
-            toRefresh.append((id, rec))
-            queue.append((id, true))
-        }
         // Whether a record to refresh holds another: only then does the
         // order matter (a referrer of the changed entities alone, the common
         // case, has no child to refresh first, and its children are not looked up).
         var chained = false
         var docs = extraDocs
         let hasDocuments = !documentReferrers.isEmpty
-        while let (id, isRefreshed) = queue.popLast() {
+        // Referrers found and not visited yet: (identity, whether it is
+        // itself to be refreshed). The changed entities and the seeds are
+        // visited straight away, so an update nobody holds allocates nothing.
+        var queue: [(String, Bool)] = []
+        func visit(_ id: String, _ isRefreshed: Bool) {
             if hasDocuments, let holders = documentReferrers[id] { docs.formUnion(holders.keys) }
-            guard let holders = referrers[id] else { continue }
+            guard let holders = referrers[id] else { return }
             if !writtenMarked {
                 writtenMarked = true
                 for w in written { entities[w]?.mark(generation, .done) }
@@ -444,6 +438,16 @@ final class Store {
                 queue.append((r, true))
             }
         }
+        var seeds: [String] = []
+        for id in extraSeeds {
+            guard let rec = entities[id], rec.walkGeneration != generation else { continue }
+            rec.mark(generation, .pending)
+            toRefresh.append((id, rec))
+            seeds.append(id)
+        }
+        for id in changed { visit(id, false) }
+        for id in seeds { visit(id, true) }
+        while let (id, isRefreshed) = queue.popLast() { visit(id, isRefreshed) }
         // Children first: a DFS over the marked records, refreshing on the
         // way out. Without deletes every one of them changes (it embeds a
         // child whose materialized value changed), so no comparison is

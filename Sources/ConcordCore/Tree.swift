@@ -271,26 +271,86 @@ struct Tree {
         }
     }
 
+    /// `diff` when `old` and `new` have the same shape wherever an identity
+    /// could be — objects with the same members in the same order, arrays of
+    /// the same length, each identity at the same place — else nil. The
+    /// changed identities in pre-order, each once (one identity has one
+    /// version in a tree, so its first occurrence decides for all).
+    func changedInSameShape(_ old: JSON, _ new: JSON) -> [String]? {
+        var changed: [String] = []
+        var listed: Set<String> = []  // past 16 changed identities, not to scan them
+        var mismatch = false
+        func firstTime(_ id: String) -> Bool {
+            if changed.count < 16 { return !changed.contains(id) }
+            if listed.isEmpty { listed = Set(changed) }
+            return listed.insert(id).inserted
+        }
+        /// Whether `o` equals `n`; sets `mismatch` when the shapes differ.
+        func walk(_ o: JSON, _ n: JSON) -> Bool {
+            switch (o, n) {
+            case let (.object(a), .object(b)):
+                let am = a.members, bm = b.members
+                guard am.count == bm.count else {
+                    mismatch = true
+                    return false
+                }
+                if sameBuffer(am, bm) { return true }
+                let id = b.identity(idKey: idKey)
+                guard id == a.identity(idKey: idKey) else {
+                    mismatch = true
+                    return false
+                }
+                let at = changed.count
+                var equal = true
+                for i in am.indices {
+                    guard am[i].key == bm[i].key else {
+                        mismatch = true
+                        return false
+                    }
+                    if !walk(am[i].value, bm[i].value) {
+                        if mismatch { return false }
+                        equal = false
+                    }
+                }
+                if !equal, let id, firstTime(id) { changed.insert(id, at: at) }
+                return equal
+            case let (.array(a), .array(b)):
+                guard a.count == b.count else {
+                    mismatch = true
+                    return false
+                }
+                if sameBuffer(a, b) { return true }
+                var equal = true
+                for i in a.indices where !walk(a[i], b[i]) {
+                    if mismatch { return false }
+                    equal = false
+                }
+                return equal
+            case (.object, _), (_, .object), (.array, _), (_, .array):
+                // A container became a scalar or the other way round: an
+                // identity may have appeared or gone.
+                mismatch = true
+                return false
+            default:
+                return o == n
+            }
+        }
+        _ = walk(old, new)
+        return mismatch ? nil : changed
+    }
+
     /// `changed`: identities in `new` whose value differs from `old` or that are new;
     /// `deleted`: identities of `old` absent from `new`. Both in pre-order.
     func diff(old: JSON?, new: JSON?) -> (changed: [String], deleted: [String]) {
-        // Common case first: the same identities at the same places (a
-        // value changed, the shape did not). Lists of occurrences, no hashing;
-        // unchanged subtrees share buffers, so comparing them is O(1).
-        var os: [(id: String, value: JSON)] = []
-        var ns: [(id: String, value: JSON)] = []
-        if let old { occurrences(old, into: &os) }
-        if let new { occurrences(new, into: &ns) }
-        if os.count == ns.count, !os.indices.contains(where: { os[$0].id != ns[$0].id }) {
-            var changed: [String] = []
-            var seen: Set<String> = []
-            for i in ns.indices {
-                let id = ns[i].id
-                let first = ns.count <= 16 ? !ns[..<i].contains(where: { $0.id == id }) : seen.insert(id).inserted
-                if first && !(os[i].value == ns[i].value) { changed.append(id) }
-            }
-            return (changed, [])
-        }
+        // Common case first: the same shape (a value changed, the identities
+        // did not move): one walk of both trees, no hashing, no lists of
+        // occurrences; unchanged subtrees share buffers and are skipped.
+        if let old, let new, let changed = changedInSameShape(old, new) { return (changed, []) }
+        return diffByIdentities(old: old, new: new)
+    }
+
+    /// `diff` in general: every identity's first occurrence in each tree, by hashing.
+    func diffByIdentities(old: JSON?, new: JSON?) -> (changed: [String], deleted: [String]) {
         let empty: (order: [String], values: [String: JSON]) = ([], [:])
         let o = old.map { identities($0) } ?? empty
         let n = new.map { identities($0) } ?? empty

@@ -227,8 +227,8 @@ extension JSON: Equatable {
 }
 
 /// True when two non-empty arrays share one buffer (so they are equal).
-@inline(__always)
-func sameBuffer<T>(_ a: [T], _ b: [T]) -> Bool {
+@inlinable @inline(__always)
+public func sameBuffer<T>(_ a: [T], _ b: [T]) -> Bool {
     guard !a.isEmpty else { return false }
     return a.withUnsafeBufferPointer { x in b.withUnsafeBufferPointer { y in x.baseAddress == y.baseAddress } }
 }
