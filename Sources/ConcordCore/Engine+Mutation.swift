@@ -105,12 +105,20 @@ extension Engine {
     private func checkStoredDepth(_ change: StoreChange) throws(ProtocolError) {
         let limit = configuration.maxDepth - 1
         // Referrers refreshed by substitution (an author's hundred posts)
-        // nest deeper only when an entity written here does: then all are walked.
-        let skipSubstituted = change.valueChanged.count > 1 && !store.aHeldEntityNestsDeeper(among: change.valueChanged, limit: limit)
-        for id in change.valueChanged {
-            if let v = store.valueForDepthCheck(id, skipSubstituted: skipSubstituted), v.nests(deeperThan: limit) {
+        // nest deeper only when an entity written here does. Unless one does,
+        // only the records written here are looked at — not the referrers —
+        // and of those only the ones not written as they came.
+        func check(_ id: String, _ v: JSON?) throws(ProtocolError) {
+            if let v, v.nests(deeperThan: limit) {
                 throw ProtocolError(.tooDeep, "the value of '\(clipID(id))' would nest deeper than \(limit) levels with its entities; nothing was applied")
             }
+        }
+        if change.valueChanged.count == 1 || !store.aHeldEntityNestsDeeper(limit: limit) {
+            for (id, rec) in store.writtenInMutation where store.isResident(id, rec) {
+                try check(id, store.valueForDepthCheck(rec))
+            }
+        } else {
+            for id in change.valueChanged { try check(id, store.valueForDepthCheck(id)) }
         }
         for key in change.documentsChanged {
             // A document whose root is an entity is that entity's stored

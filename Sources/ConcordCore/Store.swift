@@ -134,18 +134,17 @@ final class Store {
         rec.mutationMark = (rec.mutationMark & ~7) == base ? rec.mutationMark | what : base | what
     }
 
-    /// The value of `id` when the stored-depth check has to walk it; nil
-    /// when it is absent or known to be within the bound without a walk:
-    /// written only with a subtree of its request as it came (the parser
-    /// bounded the request's depth, and the model sits at least one level
-    /// inside it), or — with `skipSubstituted` — changed only by substituting
-    /// its children's new versions (a referrer refreshed), never written.
-    func valueForDepthCheck(_ id: String, skipSubstituted: Bool) -> JSON? {
-        guard let rec = entities[id] else { return nil }
-        let base = mutationGeneration << EntityRecord.markBits
-        if rec.mutationMark == base | EntityRecord.written { return nil }
-        if skipSubstituted && rec.mutationMark == base | EntityRecord.substituted { return nil }
-        return rec.value
+    /// The value of a record when the stored-depth check has to walk it;
+    /// nil when it is known to be within the bound without a walk: written
+    /// only with a subtree of its request as it came (the parser bounded the
+    /// request's depth, and the model sits at least one level inside it).
+    func valueForDepthCheck(_ rec: EntityRecord) -> JSON? {
+        rec.mutationMark == mutationGeneration << EntityRecord.markBits | EntityRecord.written ? nil : rec.value
+    }
+
+    /// `valueForDepthCheck` of the record under `id` (nil: absent).
+    func valueForDepthCheck(_ id: String) -> JSON? {
+        entities[id].flatMap { valueForDepthCheck($0) }
     }
 
     /// Whether some entity written by the running mutation, and held by
@@ -154,18 +153,25 @@ final class Store {
     /// its children's new versions where it held their old ones), so the
     /// stored-depth check can skip them.
     /// `limit`: the stored-depth bound (heights are compared up to one above it).
-    func aHeldEntityNestsDeeper(among ids: IDSet, limit: Int) -> Bool {
-        for id in ids {
-            guard let rec = entities[id], rec.mutationMark & EntityRecord.written != 0,
-                  rec.mutationMark >> EntityRecord.markBits == mutationGeneration, referrers[id] != nil else { continue }
+    func aHeldEntityNestsDeeper(limit: Int) -> Bool {
+        for (id, rec) in writtenInMutation where referrers[id] != nil && entities[id] === rec {
             if rec.value.height(cappedAt: limit + 1) > valueBeforeMutation(id).height(cappedAt: limit + 1) { return true }
         }
         return false
     }
 
+    /// The records the running mutation wrote (not only refreshed), each
+    /// once, in order; a record removed afterwards is still listed (check
+    /// that `id` still maps to it).
+    private(set) var writtenInMutation: [(id: String, record: EntityRecord)] = []
+
+    /// Whether `rec` is the record resident under `id`.
+    func isResident(_ id: String, _ rec: EntityRecord) -> Bool { entities[id] === rec }
+
     /// Forgets the journal: the running mutation is committed.
     func commit() {
         mutationGeneration &+= 1
+        if !writtenInMutation.isEmpty { writtenInMutation.removeAll(keepingCapacity: true) }
         if !entityJournal.isEmpty { entityJournal.removeAll(keepingCapacity: true) }
         if !documentJournal.isEmpty { documentJournal.removeAll(keepingCapacity: true) }
         if !collectionUndo.isEmpty { collectionUndo.removeAll(keepingCapacity: true) }
@@ -548,6 +554,11 @@ final class Store {
         rec.mutationMark >> EntityRecord.markBits == mutationGeneration
     }
 
+    @inline(__always)
+    private func writtenInThisMutation(_ rec: EntityRecord) -> Bool {
+        touchedInThisMutation(rec) && rec.mutationMark & EntityRecord.written != 0
+    }
+
     /// `verbatim`: `value` is a subtree of the request as it came (see `EntityRecord.reshaped`).
     private func setEntity(_ id: String, _ value: JSON, verbatim: Bool = false) {
         let resident = entities[id]
@@ -557,8 +568,10 @@ final class Store {
             entityJournal[id] = .some(nil)
         }
         let newChildren = tree.nestedEntities(value)
+        let mark = verbatim ? EntityRecord.written : EntityRecord.written | EntityRecord.reshaped
         if let rec = resident {
-            markMutation(rec, verbatim ? EntityRecord.written : EntityRecord.written | EntityRecord.reshaped)
+            if !writtenInThisMutation(rec) { writtenInMutation.append((id, rec)) }
+            markMutation(rec, mark)
             if rec.children != newChildren {
                 for (c, n) in rec.children { adjustReferrer(of: c, entity: id, by: -n) }
                 for (c, n) in newChildren { adjustReferrer(of: c, entity: id, by: n) }
@@ -567,7 +580,8 @@ final class Store {
             rec.value = value
         } else {
             let rec = EntityRecord(value: value, children: newChildren)
-            markMutation(rec, verbatim ? EntityRecord.written : EntityRecord.written | EntityRecord.reshaped)
+            markMutation(rec, mark)
+            writtenInMutation.append((id, rec))
             entities[id] = rec
             for (c, n) in newChildren { adjustReferrer(of: c, entity: id, by: n) }
         }
