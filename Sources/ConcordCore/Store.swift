@@ -26,6 +26,13 @@ final class EntityRecord {
         case none, pending, inProgress, done
     }
 
+    /// Whether the referrer indexes hold this record's identity (`heldByEntities`,
+    /// `heldByDocuments`): propagation skips the lookups for a record nobody
+    /// holds (an author's hundred posts, each refreshed, held by nothing).
+    var held: UInt8 = 0
+    static let heldByEntities: UInt8 = 1
+    static let heldByDocuments: UInt8 = 2
+
     static let written: UInt64 = 1
     static let substituted: UInt64 = 2
     /// Written with a value that is not a subtree of the request as it came
@@ -428,10 +435,12 @@ final class Store {
         // Referrers found and not visited yet: (identity, whether it is
         // itself to be refreshed). The changed entities and the seeds are
         // visited straight away, so an update nobody holds allocates nothing.
-        var queue: [(String, Bool)] = []
-        func visit(_ id: String, _ isRefreshed: Bool) {
-            if hasDocuments, let holders = documentReferrers[id] { docs.formUnion(holders.keys) }
-            guard let holders = referrers[id] else { return }
+        var queue: [(String, EntityRecord?, Bool)] = []
+        func visit(_ id: String, _ rec: EntityRecord?, _ isRefreshed: Bool) {
+            // A resident record says whether anyone holds it; otherwise look.
+            let held = rec?.held ?? (EntityRecord.heldByEntities | EntityRecord.heldByDocuments)
+            if hasDocuments && held & EntityRecord.heldByDocuments != 0, let holders = documentReferrers[id] { docs.formUnion(holders.keys) }
+            guard held & EntityRecord.heldByEntities != 0, let holders = referrers[id] else { return }
             if !writtenMarked {
                 writtenMarked = true
                 for w in written { entities[w]?.mark(generation, .done) }
@@ -441,19 +450,19 @@ final class Store {
                 guard let rec = entities[r], rec.walkGeneration != generation else { continue }
                 rec.mark(generation, .pending)
                 toRefresh.append((r, rec))
-                queue.append((r, true))
+                queue.append((r, rec, true))
             }
         }
-        var seeds: [String] = []
+        var seeds: [(String, EntityRecord)] = []
         for id in extraSeeds {
             guard let rec = entities[id], rec.walkGeneration != generation else { continue }
             rec.mark(generation, .pending)
             toRefresh.append((id, rec))
-            seeds.append(id)
+            seeds.append((id, rec))
         }
-        for id in changed { visit(id, false) }
-        for id in seeds { visit(id, true) }
-        while let (id, isRefreshed) = queue.popLast() { visit(id, isRefreshed) }
+        for id in changed { visit(id, entities[id], false) }
+        for (id, rec) in seeds { visit(id, rec, true) }
+        while let (id, rec, isRefreshed) = queue.popLast() { visit(id, rec, isRefreshed) }
         // Children first: a DFS over the marked records, refreshing on the
         // way out. Without deletes every one of them changes (it embeds a
         // child whose materialized value changed), so no comparison is
@@ -580,6 +589,8 @@ final class Store {
             rec.value = value
         } else {
             let rec = EntityRecord(value: value, children: newChildren)
+            rec.held = (referrers[id] == nil ? 0 : EntityRecord.heldByEntities)
+                | (documentReferrers[id] == nil ? 0 : EntityRecord.heldByDocuments)
             markMutation(rec, mark)
             writtenInMutation.append((id, rec))
             entities[id] = rec
@@ -627,18 +638,23 @@ final class Store {
     }
 
     private func adjustReferrer(of child: String, entity: String, by n: Int) {
-        Self.adjust(&referrers, child, entity, n)
+        let held = Self.adjust(&referrers, child, entity, n)
+        entities[child]?.setHeld(EntityRecord.heldByEntities, held)
     }
 
     private func adjustDocumentReferrer(of child: String, key: String, by n: Int) {
-        Self.adjust(&documentReferrers, child, key, n)
+        let held = Self.adjust(&documentReferrers, child, key, n)
+        entities[child]?.setHeld(EntityRecord.heldByDocuments, held)
     }
 
-    private static func adjust(_ index: inout [String: [String: Int]], _ child: String, _ holder: String, _ n: Int) {
+    /// Whether `child` is still held by someone afterwards.
+    private static func adjust(_ index: inout [String: [String: Int]], _ child: String, _ holder: String, _ n: Int) -> Bool {
         var holders = index.removeValue(forKey: child) ?? [:]
         let v = (holders[holder] ?? 0) + n
         holders[holder] = v > 0 ? v : nil
-        if !holders.isEmpty { index[child] = holders }
+        if holders.isEmpty { return false }
+        index[child] = holders
+        return true
     }
 }
 
@@ -649,6 +665,11 @@ func clipID(_ s: String) -> String {
 // MARK: - Internal consistency (CONCORD_INTERNAL_CHECKS)
 
 extension EntityRecord {
+    @inline(__always)
+    func setHeld(_ bit: UInt8, _ on: Bool) {
+        held = on ? held | bit : held & ~bit
+    }
+
     @inline(__always)
     func mark(_ generation: UInt64, _ state: WalkState) {
         walkGeneration = generation
@@ -665,6 +686,8 @@ extension Store {
         func note(_ s: String) { if problems.count < 20 { problems.append(s) } }
         var expectedReferrers: [String: [String: Int]] = [:]
         for (id, rec) in entities {
+            let held = (referrers[id] == nil ? 0 : EntityRecord.heldByEntities) | (documentReferrers[id] == nil ? 0 : EntityRecord.heldByDocuments)
+            if rec.held != held { note("entity \(id): held flags \(rec.held) but the referrer indexes say \(held)") }
             let children = tree.nestedEntities(rec.value)
             if children != rec.children { note("entity \(id): children \(rec.children) but its value holds \(children)") }
             for (c, n) in rec.children {
