@@ -183,7 +183,7 @@ extension Engine {
         var writes: [StorageWrite] = []
         if let token { writes.append(StorageWrite(key: RecordCodec.tokenKey(token), value: .token(seq))) }
         for t in expiredTokens { writes.append(StorageWrite(key: RecordCodec.tokenKey(t), value: nil)) }
-        for id in store.entityJournal.keys {
+        for (id, _) in store.entityJournal {
             let v = store.entity(id)
             writes.append(StorageWrite(key: RecordCodec.entityKey(id), value: v.map { .entity($0) }, changedAt: versions.entities[id] ?? 0))
         }

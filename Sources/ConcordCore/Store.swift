@@ -30,6 +30,9 @@ final class EntityRecord {
     /// `heldByDocuments`): propagation skips the lookups for a record nobody
     /// holds (an author's hundred posts, each refreshed, held by nothing).
     var held: UInt8 = 0
+    /// Where the running mutation's journal keeps this record's value from
+    /// before it (valid while `mutationMark` is of the running mutation).
+    var journalIndex: Int32 = 0
     static let heldByEntities: UInt8 = 1
     static let heldByDocuments: UInt8 = 2
 
@@ -124,7 +127,14 @@ final class Store {
     /// First-touch values of the running mutation: what each entity and
     /// document was before it (nil: absent). Rollback restores them; views
     /// use them as "the value before" for paused subscriptions.
-    private(set) var entityJournal: [String: JSON?] = [:]
+    ///
+    /// Entities: one entry per identity, in first-touch order. A resident
+    /// record finds its entry by `journalIndex` (no hashing: a refresh of a
+    /// hundred posts journals each with an append); an identity with no
+    /// resident record (absent when first touched, or removed since) by
+    /// `journaledAbsent`.
+    private(set) var entityJournal: [(id: String, old: JSON?)] = []
+    private var journaledAbsent: [String: Int] = [:]
     private(set) var documentJournal: [String: JSON?] = [:]
 
     init(idKey: String) {
@@ -180,6 +190,7 @@ final class Store {
         mutationGeneration &+= 1
         if !writtenInMutation.isEmpty { writtenInMutation.removeAll(keepingCapacity: true) }
         if !entityJournal.isEmpty { entityJournal.removeAll(keepingCapacity: true) }
+        if !journaledAbsent.isEmpty { journaledAbsent.removeAll(keepingCapacity: true) }
         if !documentJournal.isEmpty { documentJournal.removeAll(keepingCapacity: true) }
         if !collectionUndo.isEmpty { collectionUndo.removeAll(keepingCapacity: true) }
         if !collectionChanges.isEmpty { collectionChanges.removeAll(keepingCapacity: true) }
@@ -201,8 +212,29 @@ final class Store {
 
     /// The value an entity had before the running mutation (null: absent).
     func valueBeforeMutation(_ id: String) -> JSON {
-        if let j = entityJournal[id] { return j ?? .null }
-        return entities[id]?.value ?? .null
+        if let rec = entities[id] {
+            return touchedInThisMutation(rec) ? entityJournal[Int(rec.journalIndex)].old ?? .null : rec.value
+        }
+        if let i = journaledAbsent[id] { return entityJournal[i].old ?? .null }
+        return .null
+    }
+
+    /// Journals `rec` (resident under `id`) unless the running mutation already did.
+    @inline(__always)
+    private func journal(_ rec: EntityRecord, _ id: String) {
+        guard !touchedInThisMutation(rec) else { return }
+        rec.journalIndex = Int32(entityJournal.count)
+        entityJournal.append((id, rec.value))
+    }
+
+    /// The journal entry of `id`, which has no resident record: made (absent
+    /// before the mutation) unless it was journaled before it went.
+    private func journalAbsent(_ id: String) -> Int {
+        if let i = journaledAbsent[id] { return i }
+        let i = entityJournal.count
+        entityJournal.append((id, nil))
+        journaledAbsent[id] = i
+        return i
     }
 
     /// The document under `key` before the running mutation (nil: absent).
@@ -374,9 +406,9 @@ final class Store {
         for d in deleted {
             if entities[d] != nil {
                 removeEntity(d)
-            } else if entityJournal[d] == nil {
+            } else {
                 // Not in memory, maybe in the backend: the delete must reach it too.
-                entityJournal[d] = .some(nil)
+                _ = journalAbsent(d)
             }
         }
         change.recordChanged = IDSet(deleted.union(parents))
@@ -571,10 +603,14 @@ final class Store {
     /// `verbatim`: `value` is a subtree of the request as it came (see `EntityRecord.reshaped`).
     private func setEntity(_ id: String, _ value: JSON, verbatim: Bool = false) {
         let resident = entities[id]
+        var absentEntry = -1
         if let resident {
-            if !touchedInThisMutation(resident) { entityJournal[id] = .some(resident.value) }
-        } else if entityJournal[id] == nil {
-            entityJournal[id] = .some(nil)
+            journal(resident, id)
+        } else if let i = journaledAbsent.removeValue(forKey: id) {
+            absentEntry = i  // resident again: the record keeps the index
+        } else {
+            absentEntry = entityJournal.count
+            entityJournal.append((id, nil))
         }
         let newChildren = tree.nestedEntities(value)
         let mark = verbatim ? EntityRecord.written : EntityRecord.written | EntityRecord.reshaped
@@ -589,6 +625,7 @@ final class Store {
             rec.value = value
         } else {
             let rec = EntityRecord(value: value, children: newChildren)
+            rec.journalIndex = Int32(absentEntry)
             rec.held = (referrers[id] == nil ? 0 : EntityRecord.heldByEntities)
                 | (documentReferrers[id] == nil ? 0 : EntityRecord.heldByDocuments)
             markMutation(rec, mark)
@@ -601,7 +638,7 @@ final class Store {
     /// A new materialized value with the same nested identities (a child's
     /// new version substituted): the normalized structure stays as it is.
     private func refreshEntity(_ rec: EntityRecord, _ id: String, _ value: JSON) {
-        if !touchedInThisMutation(rec) { entityJournal[id] = .some(rec.value) }
+        journal(rec, id)
         markMutation(rec, EntityRecord.substituted)
         rec.value = value
     }
@@ -613,8 +650,12 @@ final class Store {
     }
 
     private func removeEntity(_ id: String) {
-        if entityJournal[id] == nil { entityJournal[id] = .some(entities[id]?.value) }
-        guard let rec = entities.removeValue(forKey: id) else { return }
+        guard let rec = entities.removeValue(forKey: id) else {
+            _ = journalAbsent(id)
+            return
+        }
+        journal(rec, id)
+        journaledAbsent[id] = Int(rec.journalIndex)
         for (c, n) in rec.children { adjustReferrer(of: c, entity: id, by: -n) }
     }
 
