@@ -1,3 +1,4 @@
+import Synchronization
 import ConcordJSON
 import ConcordProtocol
 
@@ -281,7 +282,7 @@ extension Engine {
     func writeDocumentBody(_ w: inout JSONWriter, old: JSON?, new: JSON?, context: JSON?) {
         let (changed, deleted) = tree.diff(old: old, new: new)
         w.raw(",\"model\":")
-        w.value(new ?? .null)
+        writeStored(&w, new ?? .null)
         w.raw(",\"changed\":[")
         for (i, id) in changed.enumerated() {
             if i > 0 { w.raw(",") }
@@ -332,8 +333,21 @@ extension Engine {
         w.raw(",\"id\":")
         w.string(id)
         w.raw(",\"model\":")
-        w.value(value)
+        writeStored(&w, value)
         writeContextAndEnd(&w, context)
+    }
+
+    /// A stored value, spliced from the request line when it is the very
+    /// object the running request's `model` was parsed into (one buffer of
+    /// members: the same value, so its encoding is those bytes — a write
+    /// stores the model's own tree unless it has to build another).
+    func writeStored(_ w: inout JSONWriter, _ value: JSON) {
+        if let (model, members) = verbatimModel, case .object(let o) = value, sameBuffer(o.members, members) {
+            w.raw(model.line, model.range)
+            splicedValues.add(1, ordering: .relaxed)
+        } else {
+            w.value(value)
+        }
     }
 
     func writeContextAndEnd(_ w: inout JSONWriter, _ context: JSON?) {

@@ -97,9 +97,21 @@ public struct EngineFigures: Sendable {
 /// ``ParallelExecutor``, each work item touching its own view only, and the
 /// results are assembled in a fixed order afterwards — so output does not
 /// depend on the number of threads.
+/// A request's `model` as bytes of its own line that are exactly what
+/// ``JSONWriter`` writes for it (``JSONParser/parse(_:verbatimMember:)``).
+public struct VerbatimModel: Sendable {
+    public let line: [UInt8]
+    public let range: Range<Int>
+}
+
 public final class Engine {
     public let configuration: EngineConfiguration
     let executor: any ParallelExecutor
+    /// The request being processed: its `model`'s bytes and the members
+    /// they were parsed into, while its events are written (`writeStored`).
+    var verbatimModel: (VerbatimModel, members: [JSONObject.Member])?
+    /// Values written from request bytes instead of encoded (for tests and `stats`).
+    let splicedValues = Atomic<Int>(0)
     public weak var statsSource: (any EngineStatsSource)?
 
     let store: Store
@@ -286,13 +298,16 @@ public final class Engine {
 
     /// A line parsed (possibly on another thread) by ``parse(_:parser:)``.
     public enum ParsedLine: Sendable {
-        case value(JSON)
+        /// `model`: where the request's `model` lies in its line, when those
+        /// bytes are exactly its encoding (``VerbatimModel``).
+        case value(JSON, model: VerbatimModel? = nil)
         case failure(ProtocolError)
     }
 
     public static func parse(_ line: [UInt8], parser: JSONParser) -> ParsedLine {
         do {
-            return .value(try parser.parse(line))
+            let (value, range) = try parser.parse(line, verbatimMember: "model")
+            return .value(value, model: range.map { VerbatimModel(line: line, range: $0) })
         } catch {
             switch error.kind {
             case .tooDeep: return .failure(ProtocolError(.tooDeep, "\(error.reason) at byte \(error.offset)"))
@@ -327,9 +342,11 @@ public final class Engine {
         case .failure(let e):
             respondError(c, rid: .null, e)
             return
-        case .value(let v):
+        case .value(let v, let model):
             value = v
+            if let model, case .object(let r) = v, case .object(let m)? = r["model"] { verbatimModel = (model, m.members) }
         }
+        defer { verbatimModel = nil }
         let request: Request
         do {
             request = try Request.decode(value, idKey: configuration.idKey)

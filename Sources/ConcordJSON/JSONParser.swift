@@ -38,8 +38,27 @@ public struct JSONParser {
         try parse(Array(string.utf8))
     }
 
+    /// Parses `bytes`, and says where the value of the top-level object's
+    /// member `name` lies in them when those bytes are exactly what
+    /// ``JSONWriter`` writes for that value (no whitespace, no escape, no
+    /// repeated member name): a caller can then send them as they came
+    /// instead of encoding the tree again.
+    public func parse(_ bytes: [UInt8], verbatimMember name: StaticString) throws(JSONParseError) -> (JSON, verbatim: Range<Int>?) {
+        try bytes.withUnsafeBufferPointer { (buf) throws(JSONParseError) -> (JSON, verbatim: Range<Int>?) in
+            var state = ParserState(buf: buf, maxDepth: maxDepth)
+            state.captureName = UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
+            let value = try parse(&state)
+            return (value, state.captured)
+        }
+    }
+
     public func parse(_ buf: UnsafeBufferPointer<UInt8>) throws(JSONParseError) -> JSON {
         var state = ParserState(buf: buf, maxDepth: maxDepth)
+        return try parse(&state)
+    }
+
+    private func parse(_ state: inout ParserState) throws(JSONParseError) -> JSON {
+        let buf = state.buf
         state.skipWhitespace()
         let value = try state.parseValue(depth: 0)
         state.skipWhitespace()
@@ -61,6 +80,13 @@ struct ParserState {
     /// exactly their number (one allocation per container, none to grow).
     var memberStack: [JSONObject.Member] = []
     var itemStack: [JSON] = []
+    /// How often the text differed from what `JSONWriter` writes for the
+    /// tree (whitespace skipped, an escaped string, a repeated name).
+    var irregular = 0
+    /// The top-level member whose value's bytes to report, and where they
+    /// are when they are regular (``JSONParser/parse(_:verbatimMember:)``).
+    var captureName: UnsafeBufferPointer<UInt8>? = nil
+    var captured: Range<Int>? = nil
 
     init(buf: UnsafeBufferPointer<UInt8>, maxDepth: Int) {
         self.buf = buf
@@ -72,10 +98,12 @@ struct ParserState {
     }
 
     @inline(__always) mutating func skipWhitespace() {
+        let start = pos
         while pos < buf.count {
             let c = buf[pos]
-            if c == 0x20 || c == 0x0A || c == 0x0D || c == 0x09 { pos += 1 } else { return }
+            if c == 0x20 || c == 0x0A || c == 0x0D || c == 0x09 { pos += 1 } else { break }
         }
+        if pos != start { irregular &+= 1 }
     }
 
     mutating func parseValue(depth: Int) throws(JSONParseError) -> JSON {
@@ -130,14 +158,22 @@ struct ParserState {
             guard pos < buf.count, buf[pos] == UInt8(ascii: "\"") else {
                 throw error("expected a member name in double quotes")
             }
+            let keyStart = pos + 1
             let key = try parseString()
+            let keyEnd = pos - 1
             skipWhitespace()
             guard pos < buf.count, buf[pos] == UInt8(ascii: ":") else { throw error("expected ':' after a member name") }
             pos += 1
             skipWhitespace()
+            let valueStart = pos, irregularBefore = irregular
             let value = try parseValue(depth: depth)
+            if depth == 1, let name = captureName, keyEnd - keyStart == name.count,
+               name.indices.allSatisfy({ buf[keyStart + $0] == name[$0] }) {
+                captured = irregular == irregularBefore ? valueStart ..< pos : nil
+            }
             // Last one wins; linear check is fine for the small objects models are made of.
             if memberStack.count - base < 32, let i = memberStack[base...].firstIndex(where: { $0.key == key }) {
+                irregular &+= 1
                 memberStack[i].value = value
             } else {
                 memberStack.append(JSONObject.Member(key: key, value: value))
@@ -155,7 +191,11 @@ struct ParserState {
         // stack's own buffer, and popping the stack would then copy it.
         var members = memberStack.withUnsafeBufferPointer { Array($0[base...]) }
         memberStack.removeLast(memberStack.count - base)
-        if members.count > 32 { members = Self.dedupe(members) }
+        if members.count > 32 {
+            let n = members.count
+            members = Self.dedupe(members)
+            if members.count != n { irregular &+= 1 }
+        }
         return .object(JSONObject(members))
     }
 
@@ -295,6 +335,7 @@ struct ParserState {
             pos += 1
         }
         guard pos < buf.count else { throw error("unterminated string") }
+        irregular &+= 1
         // Slow path: copy with escapes decoded.
         var bytes = Array(UnsafeBufferPointer(rebasing: buf[start..<pos]))
         while pos < buf.count {

@@ -24,6 +24,12 @@ public struct JSONWriter: Sendable {
         bytes.append(contentsOf: other)
     }
 
+    /// `other[range]`, as it is (bytes the caller knows to be this writer's
+    /// encoding of a value).
+    @inlinable public mutating func raw(_ other: [UInt8], _ range: Range<Int>) {
+        other.withUnsafeBufferPointer { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: $0[range])) }
+    }
+
     public mutating func string(_ s: String) {
         // Contiguous UTF-8 without copying the string (small strings are
         // spilled to the stack by the standard library).

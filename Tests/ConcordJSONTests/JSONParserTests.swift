@@ -145,4 +145,42 @@ struct JSONParserTests {
             }
         }
     }
+
+    /// `parse(_:verbatimMember:)` reports the member's bytes exactly when
+    /// they are the writer's encoding of the value parsed from them.
+    @Test func aVerbatimMemberIsExactlyTheWritersEncoding() throws {
+        var rng = Xorshift(seed: 7)
+        var spliced = 0
+        for _ in 0..<2000 {
+            let v = JSONTapeTests.randomValue(&rng, depth: 0)
+            let text = v.compactString
+            let line = Array((#"{"op":"update","model":"# + text + #","rid":1}"#).utf8)
+            let (parsed, range) = try parser.parse(line, verbatimMember: "model")
+            #expect(parsed["model"] == v)
+            if let range {
+                spliced += 1
+                #expect(Array(line[range]) == Array(text.utf8))
+                #expect(parsed["model"]!.compactString == text)
+            } else {
+                // Only escapes in strings make the writer's own text irregular.
+                #expect(text.contains("\\"), "\(text)")
+            }
+        }
+        #expect(spliced > 1000)
+        // Whitespace, an escape, a repeated name inside: not verbatim; outside: no matter.
+        for (line, verbatim) in [
+            (#"{"model": {"a":1} , "op":"x"}"#, true),
+            (#"{"model":{"a": 1}}"#, false),
+            (#"{"model":{"a":"\u0041"}}"#, false),
+            (#"{"model":{"a":1,"a":2}}"#, false),
+            (#"{"x":{"model":{"a":1}}}"#, false),
+            (#"{"model":{"a":1},"model":{"b":2}}"#, true),
+            (#"{"model":[1,{"b":[]}]}"#, true),
+        ] {
+            let bytes = Array(line.utf8)
+            let (parsed, range) = try parser.parse(bytes, verbatimMember: "model")
+            #expect((range != nil) == verbatim, "\(line)")
+            if let range { #expect(Array(bytes[range]) == Array(parsed["model"]!.compactString.utf8), "\(line)") }
+        }
+    }
 }

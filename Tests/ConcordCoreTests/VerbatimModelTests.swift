@@ -1,0 +1,57 @@
+import Synchronization
+import ConcordJSON
+import Testing
+
+@testable import ConcordCore
+
+/// A stored value that is the request's own `model` is written into events
+/// from the request's bytes (`Engine.writeStored`): every byte the clients
+/// get must be what encoding the value gives.
+struct VerbatimModelTests {
+    /// Runs the same mutations, written compactly (spliced) or with a space
+    /// inside each model (not verbatim: encoded), and returns every byte each
+    /// connection received, and how many values were spliced.
+    func run(padded: Bool) -> (bytes: [Int: [UInt8]], spliced: Int) {
+        var cfg = EngineConfiguration()
+        cfg.internalChecks = true
+        let e = Engine(configuration: cfg)
+        var bytes: [Int: [UInt8]] = [:]
+        func pump() {
+            for (id, chunks) in e.takeOutput() {
+                for ch in chunks { bytes[id, default: []].append(contentsOf: UnsafeRawBufferPointer(start: ch.base, count: ch.count)) }
+            }
+        }
+        for c in 1...3 { e.open(c) }
+        let model = #""model":"#
+        func send(_ line: String, _ c: Int) {
+            let line = padded ? line.replacing(#""model":{"#, with: #""model":{ "#) : line
+            e.handleLine(Array(line.utf8), from: c)
+            pump()
+        }
+        send(#"{"op":"update","key":"doc","#  + model + #"{"id":"A:1","n":0,"b":{"id":"B:1","s":"x"}}}"#, 1)
+        send(#"{"op":"subscribe","sub":"k","key":"doc"}"#, 2)
+        send(#"{"op":"subscribe","sub":"i","ids":["A:1","B:1"]}"#, 2)
+        send(#"{"op":"subscribe","sub":"m","model":{"id":"A:1","b":{"id":"B:1"}}}"#, 3)
+        send(#"{"op":"subscribe","sub":"f","feed":{}}"#, 3)
+        for i in 1...20 {
+            switch i % 4 {
+            case 0: send(#"{"op":"update","key":"doc","# + model + #"{"id":"A:1","n":\#(i),"b":{"id":"B:1","s":"x\#(i)"}}}"#, 1)
+            case 1: send(#"{"op":"update","# + model + #"{"id":"B:1","s":"é \#(i)","t":[1,{"u":null}]}}"#, 1)
+            case 2: send(#"{"op":"update","# + model + #"{"id":"A:1","n":\#(i),"b":{"id":"B:1"}}}"#, 1)
+            default: send(#"{"op":"update","mode":"merge","# + model + #"{"id":"A:1","m":\#(i)}}"#, 1)
+            }
+        }
+        return (bytes, e.splicedValues.load(ordering: .relaxed))
+    }
+
+    @Test func splicedEventsAreTheBytesEncodingGives() {
+        let spliced = run(padded: false)
+        let encoded = run(padded: true)
+        #expect(encoded.spliced == 0)
+        #expect(spliced.spliced > 20)
+        for c in 1...3 {
+            #expect(spliced.bytes[c] == encoded.bytes[c], "connection \(c)")
+        }
+        #expect((spliced.bytes[2]?.count ?? 0) > 2000)
+    }
+}
