@@ -286,7 +286,9 @@ struct Tree {
             return listed.insert(id).inserted
         }
         /// Whether `o` equals `n`; sets `mismatch` when the shapes differ.
-        func walk(_ o: JSON, _ n: JSON) -> Bool {
+        /// `decided`: the nearest enclosing entity is known to have changed,
+        /// so only the identities below matter, not whether scalars differ.
+        func walk(_ o: JSON, _ n: JSON, decided: Bool) -> Bool {
             switch (o, n) {
             case let (.object(a), .object(b)):
                 let am = a.members, bm = b.members
@@ -307,7 +309,7 @@ struct Tree {
                         mismatch = true
                         return false
                     }
-                    if !walk(am[i].value, bm[i].value) {
+                    if !walk(am[i].value, bm[i].value, decided: id == nil ? decided || !equal : !equal) {
                         if mismatch { return false }
                         equal = false
                     }
@@ -321,7 +323,7 @@ struct Tree {
                 }
                 if sameBuffer(a, b) { return true }
                 var equal = true
-                for i in a.indices where !walk(a[i], b[i]) {
+                for i in a.indices where !walk(a[i], b[i], decided: decided || !equal) {
                     if mismatch { return false }
                     equal = false
                 }
@@ -332,10 +334,11 @@ struct Tree {
                 mismatch = true
                 return false
             default:
-                return o == n
+                // Once decided, the answer is not used: skip the comparison.
+                return decided || o == n
             }
         }
-        _ = walk(old, new)
+        _ = walk(old, new, decided: false)
         return mismatch ? nil : changed
     }
 
