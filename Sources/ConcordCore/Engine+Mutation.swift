@@ -203,6 +203,8 @@ extension Engine {
     /// subscription then keeps the context of the last real change, §5).
     func send(_ payload: OutputBytes, to view: SharedView, event: StaticString, seq: Int, changed: Bool,
                       origins: Set<ObjectIdentifier>, context: JSON?) {
+        var shared: SharedEvent?
+        let several = view.hasSeveral
         view.forEach { s in
             if let p = s.pause {
                 if changed {
@@ -213,10 +215,51 @@ extension Engine {
                 return
             }
             if origins.contains(ObjectIdentifier(s)) { return }
+            enqueue(&shared, several, event, seq, payload, to: s)
+        }
+    }
+
+    /// What every subscriber of one event shares, built at the first one that
+    /// gets it: the bytes before its name and, for a payload that is copied
+    /// anyway (`OutputQueue.copyLimit`), `,"seq":N` with the payload after it
+    /// — each further subscriber adds only its name (no number formatted, no
+    /// header written piece by piece).
+    struct SharedEvent {
+        let head: [UInt8]
+        let tail: [UInt8]?
+    }
+
+    /// `several`: the view has more subscribers (for one, sharing costs more than it saves).
+    func enqueue(_ shared: inout SharedEvent?, _ several: Bool, _ event: StaticString, _ seq: Int, _ payload: OutputBytes,
+                 to s: SubscriptionRecord) {
+        if !several {
             s.client.output.write { eventHeader(&$0, event, s, seq) }
             s.client.output.append(shared: payload)
             markDirty(s.client)
+            return
         }
+        if shared == nil {
+            var head = JSONWriter(capacity: 32)
+            head.raw("{\"event\":\"")
+            head.raw(event)
+            head.raw("\",\"sub\":")
+            var tail: [UInt8]? = nil
+            if payload.count <= OutputQueue.copyLimit {
+                var w = JSONWriter(capacity: payload.count + 32)
+                w.raw(",\"seq\":")
+                w.int(seq)
+                w.bytes.append(contentsOf: UnsafeRawBufferPointer(start: payload.base, count: payload.count))
+                tail = w.bytes
+            }
+            shared = SharedEvent(head: head.bytes, tail: tail)
+        }
+        if let tail = shared!.tail {
+            s.client.output.appendEvent(head: shared!.head, s, tail: tail)
+        } else {
+            s.client.output.write { eventHeader(&$0, event, s, seq) }
+            s.client.output.append(shared: payload)
+        }
+        markDirty(s.client)
     }
 
     func sendEntity(_ s: SubscriptionRecord, _ id: String, _ payload: OutputBytes, seq: Int, changed: Bool,

@@ -531,6 +531,8 @@ extension Engine {
             writeQueryBody(&w, changes: changes, count: view.count, context: context)
             let payload = OutputBytes(w.bytes)
             // `origin` does not suppress query events (§3.1): no origins here.
+            var shared: SharedEvent?
+            let several = view.hasSeveral
             view.forEach { s in
                 if let p = s.pause {
                     p.changed = true
@@ -538,9 +540,7 @@ extension Engine {
                     noteHeldBack(s, p)
                     return
                 }
-                s.client.output.write { eventHeader(&$0, "query", s, seq) }
-                s.client.output.append(shared: payload)
-                markDirty(s.client)
+                enqueue(&shared, several, "query", seq, payload, to: s)
             }
         }
     }

@@ -69,6 +69,18 @@ public struct OutputQueue {
         if own.count > before, own.last == 0x0A { lineCount += 1 }
     }
 
+    /// One event of a fan-out: `head` (`{"event":"…","sub":`), the
+    /// subscription's name, `tail` (`,"seq":N` and the payload) — the two
+    /// parts every subscriber shares were written once, for all of them.
+    mutating func appendEvent(head: [UInt8], _ s: SubscriptionRecord, tail: [UInt8]) {
+        let before = own.count
+        own.append(contentsOf: head)
+        s.appendName(to: &own)
+        own.append(contentsOf: tail)
+        byteCount += own.count - before
+        if tail.last == 0x0A { lineCount += 1 }
+    }
+
     /// Shared payloads up to this size are copied into the connection's own
     /// bytes rather than referenced: a copy of a few hundred bytes costs less
     /// than a reference (retain, a part, an iovec, a release after the write).

@@ -46,6 +46,21 @@ final class SubscriptionRecord {
         self.nameIsPlain = name.utf8.allSatisfy { $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }
     }
 
+    /// Appends the name as a JSON string.
+    func appendName(to bytes: inout [UInt8]) {
+        if nameIsPlain {
+            bytes.append(0x22)
+            if name.utf8.withContiguousStorageIfAvailable({ bytes.append(contentsOf: $0) }) == nil {
+                bytes.append(contentsOf: name.utf8)
+            }
+            bytes.append(0x22)
+        } else {
+            var w = JSONWriter(capacity: name.utf8.count + 8)
+            w.string(name)
+            bytes.append(contentsOf: w.bytes)
+        }
+    }
+
     /// Writes the name as a JSON string.
     func writeName(_ w: inout JSONWriter) {
         if nameIsPlain {

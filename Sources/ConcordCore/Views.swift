@@ -24,6 +24,8 @@ class SharedView {
     private var rest: [SubscriptionRecord] = []
 
     var isEmpty: Bool { first == nil }
+    /// More than one subscription.
+    var hasSeveral: Bool { !rest.isEmpty }
 
     func forEach(_ body: (SubscriptionRecord) -> Void) {
         guard let first else { return }

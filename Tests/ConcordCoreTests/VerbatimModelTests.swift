@@ -54,4 +54,41 @@ struct VerbatimModelTests {
         }
         #expect((spliced.bytes[2]?.count ?? 0) > 2000)
     }
+
+    /// A fan-out writes the bytes every subscriber shares once (`Engine.enqueue`):
+    /// each subscriber must get exactly the event a lone subscriber gets.
+    @Test func aSharedEventIsTheEventALoneSubscriberGets() {
+        func run(subscribers: Int) -> [UInt8] {
+            var cfg = EngineConfiguration()
+            cfg.internalChecks = true
+            let e = Engine(configuration: cfg)
+            var bytes: [UInt8] = []
+            func send(_ line: String, _ c: Int) {
+                e.handleLine(Array(line.utf8), from: c)
+                for (id, chunks) in e.takeOutput() where id == 2 {
+                    for ch in chunks { bytes.append(contentsOf: UnsafeRawBufferPointer(start: ch.base, count: ch.count)) }
+                }
+            }
+            for c in 1...(subscribers + 1) { e.open(c) }
+            for c in 2...(subscribers + 1) {
+                send(#"{"op":"subscribe","sub":"k","key":"doc"}"#, c)
+                send(#"{"op":"subscribe","sub":"q\"uote","key":"doc"}"#, c)
+                send(#"{"op":"subscribe","sub":"big","key":"big"}"#, c)
+                send(#"{"op":"subscribe","sub":"posts","query":{"type":"Post","order":[{"path":"n"}]}}"#, c)
+            }
+            let long = String(repeating: "x", count: 2000)  // past OutputQueue.copyLimit: referenced, not copied
+            for i in 1...10 {
+                send(#"{"op":"update","key":"doc","model":{"id":"A:1","n":\#(i)}}"#, 1)
+                send(#"{"op":"update","key":"big","model":{"id":"B:1","s":"\#(long)","n":\#(i)}}"#, 1)
+                send(#"{"op":"update","model":{"id":"Post:\#(i % 3)","n":\#(i)}}"#, 1)
+            }
+            return bytes
+        }
+        let alone = run(subscribers: 1)
+        #expect(alone.count > 20_000)
+        let text = String(decoding: alone, as: UTF8.self)
+        #expect(text.contains(#""event":"query","sub":"posts""#))
+        #expect(text.contains(#""event":"update","sub":"q\"uote""#))
+        #expect(run(subscribers: 3) == alone)
+    }
 }
