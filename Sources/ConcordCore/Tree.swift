@@ -66,21 +66,35 @@ struct Tree {
     /// `lookup(id)` when that returns a value.
     func substituteNested(_ value: JSON, _ lookup: (String) -> JSON?) -> JSON {
         switch value {
-        case .object(var o):
-            var changed = false
-            for i in o.members.indices {
-                let (nv, c) = substituteAny(o.members[i].value, lookup)
-                if c {
-                    o.members[i].value = nv
-                    changed = true
-                }
-            }
-            return changed ? .object(o) : value
+        case .object(let o):
+            guard let members = Self.substitutingMembers(o.members, self, lookup) else { return value }
+            return .object(JSONObject(members))
         case .array:
             return substituteAny(value, lookup).0
         default:
             return value
         }
+    }
+
+    /// `members` with the entities below them substituted, or nil when none
+    /// was: scalars are skipped without copying them, and the array is
+    /// copied once, at the first change (a post of four members holding its
+    /// author copies its members once and retains nothing else).
+    @inline(__always)
+    private static func substitutingMembers(_ members: [JSONObject.Member], _ tree: Tree, _ lookup: (String) -> JSON?) -> [JSONObject.Member]? {
+        var out: [JSONObject.Member]? = nil
+        for i in members.indices {
+            switch members[i].value {
+            case .object, .array: break
+            default: continue  // nothing below a scalar
+            }
+            let (nv, c) = tree.substituteAny(members[i].value, lookup)
+            if c {
+                if out == nil { out = members }
+                out![i].value = nv
+            }
+        }
+        return out
     }
 
     /// Every entity `lookup` knows, at any depth and every occurrence, replaced
@@ -102,30 +116,27 @@ struct Tree {
     /// Like `substituteNested` but `value` itself is replaced too when it is an entity.
     func substituteAny(_ value: JSON, _ lookup: (String) -> JSON?) -> (JSON, Bool) {
         switch value {
-        case .object(var o):
+        case .object(let o):
             if let id = o.identity(idKey: idKey) {
                 if let r = lookup(id) { return (r, true) }
                 return (value, false)
             }
-            var changed = false
-            for i in o.members.indices {
-                let (nv, c) = substituteAny(o.members[i].value, lookup)
-                if c {
-                    o.members[i].value = nv
-                    changed = true
-                }
-            }
-            return changed ? (.object(o), true) : (value, false)
-        case .array(var a):
-            var changed = false
+            guard let members = Self.substitutingMembers(o.members, self, lookup) else { return (value, false) }
+            return (.object(JSONObject(members)), true)
+        case .array(let a):
+            var out: [JSON]? = nil
             for i in a.indices {
+                switch a[i] {
+                case .object, .array: break
+                default: continue
+                }
                 let (nv, c) = substituteAny(a[i], lookup)
                 if c {
-                    a[i] = nv
-                    changed = true
+                    if out == nil { out = a }
+                    out![i] = nv
                 }
             }
-            return changed ? (.array(a), true) : (value, false)
+            return out.map { (.array($0), true) } ?? (value, false)
         default:
             return (value, false)
         }
