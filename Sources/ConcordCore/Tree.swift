@@ -29,9 +29,10 @@ struct Tree {
                 if let id = o.identity(idKey: idKey) {
                     if winners.updateValue(v, forKey: id) == nil { order.append(id) } else { repeated = true }
                 }
-                for m in o.members { walk(m.value) }
+                let members = o.members
+                for i in members.indices where members[i].value.isContainer { walk(members[i].value) }
             case .array(let a):
-                for item in a { walk(item) }
+                for i in a.indices where a[i].isContainer { walk(a[i]) }
             default:
                 break
             }
@@ -152,9 +153,11 @@ struct Tree {
                     out[id, default: 0] += 1
                     return
                 }
-                for m in o.members { walk(m.value, top: false) }
+                // By index, and only into containers: no member copied out.
+                let members = o.members
+                for i in members.indices where members[i].value.isContainer { walk(members[i].value, top: false) }
             case .array(let a):
-                for item in a { walk(item, top: false) }
+                for i in a.indices where a[i].isContainer { walk(a[i], top: false) }
             default:
                 break
             }
@@ -320,7 +323,10 @@ struct Tree {
                         mismatch = true
                         return false
                     }
-                    if !walk(am[i].value, bm[i].value, decided: id == nil ? decided || !equal : !equal) {
+                    let below = id == nil ? decided || !equal : !equal
+                    // Decided: two scalars say nothing more (not even copied out).
+                    if below && !am[i].value.isContainer && !bm[i].value.isContainer { continue }
+                    if !walk(am[i].value, bm[i].value, decided: below) {
                         if mismatch { return false }
                         equal = false
                     }

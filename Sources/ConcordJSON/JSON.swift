@@ -309,6 +309,14 @@ extension JSON {
 
     /// The identity an object carries under `idKey`: a non-empty string, or an
     /// integer (as canonical text). Anything else means the object is a plain value.
+    /// An object or an array (what may hold an identity below it).
+    @inlinable public var isContainer: Bool {
+        switch self {
+        case .object, .array: return true
+        default: return false
+        }
+    }
+
     @inlinable public func identity(idKey: String) -> String? {
         guard case .object(let o) = self else { return nil }
         return o.identity(idKey: idKey)

@@ -120,22 +120,21 @@ public struct JSONWriter: Sendable {
         case .string(let s): string(s)
         case .array(let a):
             bytes.append(UInt8(ascii: "["))
-            var first = true
-            for item in a {
-                if !first { bytes.append(UInt8(ascii: ",")) }
-                first = false
-                value(item)
+            // By index: no element or member copied out (a retain and a
+            // release each).
+            for i in a.indices {
+                if i > 0 { bytes.append(UInt8(ascii: ",")) }
+                value(a[i])
             }
             bytes.append(UInt8(ascii: "]"))
         case .object(let o):
             bytes.append(UInt8(ascii: "{"))
-            var first = true
-            for m in o.members {
-                if !first { bytes.append(UInt8(ascii: ",")) }
-                first = false
-                string(m.key)
+            let members = o.members
+            for i in members.indices {
+                if i > 0 { bytes.append(UInt8(ascii: ",")) }
+                string(members[i].key)
                 bytes.append(UInt8(ascii: ":"))
-                value(m.value)
+                value(members[i].value)
             }
             bytes.append(UInt8(ascii: "}"))
         }
