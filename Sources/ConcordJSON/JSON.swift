@@ -327,8 +327,10 @@ extension JSON {
 
 extension JSONObject {
     @inlinable public func identity(idKey: String) -> String? {
-        for m in members where m.key == idKey {
-            switch m.value {
+        // By index: the members are not copied out one by one.
+        let ms = members
+        for i in ms.indices where ms[i].key == idKey {
+            switch ms[i].value {
             case .string(let s): return s.isEmpty ? nil : s
             case .number(let n): return n.integerText
             default: return nil
