@@ -45,35 +45,28 @@ enum ByteScan {
     /// parser must look at, or `end`: whole words skipped, the rest byte by byte.
     @inline(__always) @usableFromInline
     static func skipPlain(_ base: UnsafePointer<UInt8>, from: Int, end: Int) -> Int {
-        var i = from
-        while i &+ 8 <= end {
-            let w = UInt64(littleEndian: UnsafeRawPointer(base + i).loadUnaligned(as: UInt64.self))
-            let m = parserLanes(w)
-            if m != 0 { return i &+ firstLane(m) }
-            i &+= 8
-        }
-        while i < end {
-            let c = base[i]
-            if c < 0x20 || c == 0x22 || c == 0x5C || c >= 0x80 { return i }
-            i &+= 1
-        }
-        return end
+        skip(base, from: from, end: end, lanes: parserLanes) { $0 < 0x20 || $0 == 0x22 || $0 == 0x5C || $0 >= 0x80 }
     }
 
     /// The first index at or after `from` (and before `end`) whose byte the
     /// writer must escape, or `end`.
     @inline(__always) @usableFromInline
     static func skipUnescaped(_ base: UnsafePointer<UInt8>, from: Int, end: Int) -> Int {
+        skip(base, from: from, end: end, lanes: escapeLanes) { $0 < 0x20 || $0 == 0x22 || $0 == 0x5C }
+    }
+
+    /// Words while `lanes` flags none, then bytes while `stops` says no.
+    @inline(__always)
+    private static func skip(_ base: UnsafePointer<UInt8>, from: Int, end: Int,
+                             lanes: (UInt64) -> UInt64, stops: (UInt8) -> Bool) -> Int {
         var i = from
         while i &+ 8 <= end {
-            let w = UInt64(littleEndian: UnsafeRawPointer(base + i).loadUnaligned(as: UInt64.self))
-            let m = escapeLanes(w)
+            let m = lanes(UInt64(littleEndian: UnsafeRawPointer(base + i).loadUnaligned(as: UInt64.self)))
             if m != 0 { return i &+ firstLane(m) }
             i &+= 8
         }
         while i < end {
-            let c = base[i]
-            if c < 0x20 || c == 0x22 || c == 0x5C { return i }
+            if stops(base[i]) { return i }
             i &+= 1
         }
         return end
