@@ -88,6 +88,13 @@ public struct EngineFigures: Sendable {
     public var seq: Int
 }
 
+/// A request's `model` as bytes of its own line that are exactly what
+/// ``JSONWriter`` writes for it (``JSONParser/parse(_:verbatimMember:)``).
+public struct VerbatimModel: Sendable {
+    public let line: [UInt8]
+    public let range: Range<Int>
+}
+
 /// The consistency core: a deterministic state machine.
 ///
 /// The driver feeds it lines and connection events in one total order; it
@@ -97,20 +104,13 @@ public struct EngineFigures: Sendable {
 /// ``ParallelExecutor``, each work item touching its own view only, and the
 /// results are assembled in a fixed order afterwards — so output does not
 /// depend on the number of threads.
-/// A request's `model` as bytes of its own line that are exactly what
-/// ``JSONWriter`` writes for it (``JSONParser/parse(_:verbatimMember:)``).
-public struct VerbatimModel: Sendable {
-    public let line: [UInt8]
-    public let range: Range<Int>
-}
-
 public final class Engine {
     public let configuration: EngineConfiguration
     let executor: any ParallelExecutor
     /// The request being processed: its `model`'s bytes and the members
     /// they were parsed into, while its events are written (`writeStored`).
     var verbatimModel: (VerbatimModel, members: [JSONObject.Member])?
-    /// Values written from request bytes instead of encoded (for tests and `stats`).
+    /// How many values were written from request bytes instead of encoded (tests read it).
     let splicedValues = Atomic<Int>(0)
     public weak var statsSource: (any EngineStatsSource)?
 
