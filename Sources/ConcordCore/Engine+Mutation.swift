@@ -160,8 +160,6 @@ extension Engine {
 
     // MARK: Rendering
 
-    /// Rewrites every affected view and queues the events. Work on distinct
-    /// views runs through the executor; queuing happens afterwards, serially.
     /// One mutation's events: plan (which views, what each needs), map
     /// (their bytes, in parallel), enqueue (serial, in PROTOCOL §6's order).
     /// Render+Plan.swift, Render+Map.swift, Render+Enqueue.swift.
@@ -203,7 +201,7 @@ extension Engine {
     /// subscription then keeps the context of the last real change, §5).
     func send(_ payload: OutputBytes, to view: SharedView, event: StaticString, seq: Int, changed: Bool,
                       origins: Set<ObjectIdentifier>, context: JSON?) {
-        var shared: SharedEvent?
+        var shared: (head: [UInt8], tail: [UInt8])?
         let several = view.hasSeveral
         view.forEach { s in
             if let p = s.pause {
@@ -219,42 +217,27 @@ extension Engine {
         }
     }
 
-    /// What every subscriber of one event shares, built at the first one that
-    /// gets it: the bytes before its name and, for a payload that is copied
-    /// anyway (`OutputQueue.copyLimit`), `,"seq":N` with the payload after it
-    /// — each further subscriber adds only its name (no number formatted, no
-    /// header written piece by piece).
-    struct SharedEvent {
-        let head: [UInt8]
-        let tail: [UInt8]?
-    }
-
-    /// `several`: the view has more subscribers (for one, sharing costs more than it saves).
-    func enqueue(_ shared: inout SharedEvent?, _ several: Bool, _ event: StaticString, _ seq: Int, _ payload: OutputBytes,
-                 to s: SubscriptionRecord) {
-        if !several {
-            s.client.output.write { eventHeader(&$0, event, s, seq) }
-            s.client.output.append(shared: payload)
-            markDirty(s.client)
-            return
-        }
-        if shared == nil {
-            var head = JSONWriter(capacity: 32)
-            head.raw("{\"event\":\"")
-            head.raw(event)
-            head.raw("\",\"sub\":")
-            var tail: [UInt8]? = nil
-            if payload.count <= OutputQueue.copyLimit {
-                var w = JSONWriter(capacity: payload.count + 32)
-                w.raw(",\"seq\":")
-                w.int(seq)
-                w.bytes.append(contentsOf: UnsafeRawBufferPointer(start: payload.base, count: payload.count))
-                tail = w.bytes
+    /// Queues one event of a view to `s`. With several subscribers and a
+    /// payload that is copied anyway (`OutputQueue.copyLimit`), what they
+    /// share — the head before the name, and `,"seq":N` with the payload
+    /// after it — is written once, at the first of them, and each adds only
+    /// its name (no number formatted, no header written piece by piece); for
+    /// one subscriber, sharing costs more than it saves.
+    func enqueue(_ shared: inout (head: [UInt8], tail: [UInt8])?, _ several: Bool, _ event: StaticString, _ seq: Int,
+                 _ payload: OutputBytes, to s: SubscriptionRecord) {
+        if several && payload.count <= OutputQueue.copyLimit {
+            if shared == nil {
+                var head = JSONWriter(capacity: 32)
+                head.raw("{\"event\":\"")
+                head.raw(event)
+                head.raw("\",\"sub\":")
+                var tail = JSONWriter(capacity: payload.count + 32)
+                tail.raw(",\"seq\":")
+                tail.int(seq)
+                tail.bytes.append(contentsOf: UnsafeRawBufferPointer(start: payload.base, count: payload.count))
+                shared = (head.bytes, tail.bytes)
             }
-            shared = SharedEvent(head: head.bytes, tail: tail)
-        }
-        if let tail = shared!.tail {
-            s.client.output.appendEvent(head: shared!.head, s, tail: tail)
+            s.client.output.appendEvent(head: shared!.head, s, tail: shared!.tail)
         } else {
             s.client.output.write { eventHeader(&$0, event, s, seq) }
             s.client.output.append(shared: payload)

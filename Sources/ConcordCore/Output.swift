@@ -71,7 +71,7 @@ public struct OutputQueue {
 
     /// One event of a fan-out: `head` (`{"event":"…","sub":`), the
     /// subscription's name, `tail` (`,"seq":N` and the payload) — the two
-    /// parts every subscriber shares were written once, for all of them.
+    /// parts every subscriber shares, written once for all of them.
     mutating func appendEvent(head: [UInt8], _ s: SubscriptionRecord, tail: [UInt8]) {
         let before = own.count
         own.append(contentsOf: head)

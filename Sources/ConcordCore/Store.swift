@@ -171,7 +171,7 @@ final class Store {
     /// stored-depth check can skip them.
     /// `limit`: the stored-depth bound (heights are compared up to one above it).
     func aHeldEntityNestsDeeper(limit: Int) -> Bool {
-        for (id, rec) in writtenInMutation where referrers[id] != nil && entities[id] === rec {
+        for (id, rec) in writtenInMutation where rec.held & EntityRecord.heldByEntities != 0 && entities[id] === rec {
             if rec.value.height(cappedAt: limit + 1) > valueBeforeMutation(id).height(cappedAt: limit + 1) { return true }
         }
         return false
@@ -231,10 +231,15 @@ final class Store {
     /// before the mutation) unless it was journaled before it went.
     private func journalAbsent(_ id: String) -> Int {
         if let i = journaledAbsent[id] { return i }
-        let i = entityJournal.count
-        entityJournal.append((id, nil))
+        let i = newAbsentEntry(id)
         journaledAbsent[id] = i
         return i
+    }
+
+    /// A journal entry saying `id` was absent before the mutation.
+    private func newAbsentEntry(_ id: String) -> Int {
+        entityJournal.append((id, nil))
+        return entityJournal.count - 1
     }
 
     /// The document under `key` before the running mutation (nil: absent).
@@ -606,11 +611,9 @@ final class Store {
         var absentEntry = -1
         if let resident {
             journal(resident, id)
-        } else if let i = journaledAbsent.removeValue(forKey: id) {
-            absentEntry = i  // resident again: the record keeps the index
         } else {
-            absentEntry = entityJournal.count
-            entityJournal.append((id, nil))
+            // Resident again (removed earlier in the mutation): the record keeps its entry.
+            absentEntry = journaledAbsent.removeValue(forKey: id) ?? newAbsentEntry(id)
         }
         let newChildren = tree.nestedEntities(value)
         let mark = verbatim ? EntityRecord.written : EntityRecord.written | EntityRecord.reshaped

@@ -63,15 +63,7 @@ final class SubscriptionRecord {
 
     /// Writes the name as a JSON string.
     func writeName(_ w: inout JSONWriter) {
-        if nameIsPlain {
-            w.bytes.append(0x22)
-            if name.utf8.withContiguousStorageIfAvailable({ w.bytes.append(contentsOf: $0) }) == nil {
-                w.bytes.append(contentsOf: name.utf8)
-            }
-            w.bytes.append(0x22)
-        } else {
-            w.string(name)
-        }
+        appendName(to: &w.bytes)
     }
 
     var typeName: String {

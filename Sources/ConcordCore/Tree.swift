@@ -84,11 +84,7 @@ struct Tree {
     @inline(__always)
     private static func substitutingMembers(_ members: [JSONObject.Member], _ tree: Tree, _ lookup: (String) -> JSON?) -> [JSONObject.Member]? {
         var out: [JSONObject.Member]? = nil
-        for i in members.indices {
-            switch members[i].value {
-            case .object, .array: break
-            default: continue  // nothing below a scalar
-            }
+        for i in members.indices where members[i].value.isContainer {  // nothing below a scalar
             let (nv, c) = tree.substituteAny(members[i].value, lookup)
             if c {
                 if out == nil { out = members }
@@ -126,11 +122,7 @@ struct Tree {
             return (.object(JSONObject(members)), true)
         case .array(let a):
             var out: [JSON]? = nil
-            for i in a.indices {
-                switch a[i] {
-                case .object, .array: break
-                default: continue
-                }
+            for i in a.indices where a[i].isContainer {
                 let (nv, c) = substituteAny(a[i], lookup)
                 if c {
                     if out == nil { out = a }
