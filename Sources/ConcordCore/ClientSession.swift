@@ -7,6 +7,8 @@ final class ClientSession {
     var subs = NameTable<SubscriptionRecord>()
     var output = OutputQueue()
     var dirty = false
+    /// Listed in `Engine.congested` (its queued bytes passed the soft limit since the last check).
+    var congested = false
     /// Lines read while an earlier request of this connection waits (read-through
     /// load, or a sync acknowledgement): answered in order once it is done.
     var backlog: [Engine.ParsedLine] = []

@@ -45,13 +45,15 @@ extension Engine {
     /// Before any mutation: a connection this turn has already queued too much
     /// for starts coalescing now, not after the turn.
     func checkCongestion() {
+        guard !congested.isEmpty else { return }
         let soft = configuration.outputSoftBytes
-        guard soft > 0 else { return }
-        for c in dirtyClients where c.coalescing == 0 {
-            if c.output.byteCount + c.flow.unsent.load(ordering: .relaxed) > soft, clients[c.id] === c {
+        for c in congested {
+            c.congested = false
+            if c.coalescing == 0, c.output.byteCount + c.flow.unsent.load(ordering: .relaxed) > soft, clients[c.id] === c {
                 beginCoalescing(c)
             }
         }
+        congested.removeAll(keepingCapacity: true)
     }
 
     /// Writes one coalesced event for every held-back subscription that changed.

@@ -201,7 +201,7 @@ extension Engine {
     /// subscription then keeps the context of the last real change, §5).
     func send(_ payload: OutputBytes, to view: SharedView, event: StaticString, seq: Int, changed: Bool,
                       origins: Set<ObjectIdentifier>, context: JSON?) {
-        var shared: (head: [UInt8], tail: [UInt8])?
+        var shared: SharedEvent?
         let several = view.hasSeveral
         view.forEach { s in
             if let p = s.pause {
@@ -223,20 +223,10 @@ extension Engine {
     /// after it — is written once, at the first of them, and each adds only
     /// its name (no number formatted, no header written piece by piece); for
     /// one subscriber, sharing costs more than it saves.
-    func enqueue(_ shared: inout (head: [UInt8], tail: [UInt8])?, _ several: Bool, _ event: StaticString, _ seq: Int,
+    func enqueue(_ shared: inout SharedEvent?, _ several: Bool, _ event: StaticString, _ seq: Int,
                  _ payload: OutputBytes, to s: SubscriptionRecord) {
         if several && payload.count <= OutputQueue.copyLimit {
-            if shared == nil {
-                var head = JSONWriter(capacity: 32)
-                head.raw("{\"event\":\"")
-                head.raw(event)
-                head.raw("\",\"sub\":")
-                var tail = JSONWriter(capacity: payload.count + 32)
-                tail.raw(",\"seq\":")
-                tail.int(seq)
-                tail.bytes.append(contentsOf: UnsafeRawBufferPointer(start: payload.base, count: payload.count))
-                shared = (head.bytes, tail.bytes)
-            }
+            if shared == nil { shared = SharedEvent(event, seq, payload) }
             s.client.output.appendEvent(head: shared!.head, s, tail: shared!.tail)
         } else {
             s.client.output.write { eventHeader(&$0, event, s, seq) }
@@ -321,4 +311,27 @@ extension Engine {
         view.lastSent = t
         return result
     }
+}
+
+/// What every subscriber of a fan-out shares of an event: the head before
+/// the subscription's name (`{"event":"…","sub":`) and the tail after it
+/// (`,"seq":N` and the payload), in one buffer.
+struct SharedEvent {
+    let bytes: OutputBytes
+    let headCount: Int
+
+    init(_ event: StaticString, _ seq: Int, _ payload: OutputBytes) {
+        var w = JSONWriter(capacity: payload.count + 64)
+        w.raw("{\"event\":\"")
+        w.raw(event)
+        w.raw("\",\"sub\":")
+        headCount = w.bytes.count
+        w.raw(",\"seq\":")
+        w.int(seq)
+        w.bytes.append(contentsOf: UnsafeRawBufferPointer(start: payload.base, count: payload.count))
+        bytes = OutputBytes(w.bytes)
+    }
+
+    var head: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: bytes.base, count: headCount) }
+    var tail: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: bytes.base + headCount, count: bytes.count - headCount) }
 }

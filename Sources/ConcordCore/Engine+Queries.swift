@@ -531,7 +531,7 @@ extension Engine {
             writeQueryBody(&w, changes: changes, count: view.count, context: context)
             let payload = OutputBytes(w.bytes)
             // `origin` does not suppress query events (§3.1): no origins here.
-            var shared: (head: [UInt8], tail: [UInt8])?
+            var shared: SharedEvent?
             let several = view.hasSeveral
             view.forEach { s in
                 if let p = s.pause {

@@ -120,6 +120,10 @@ public final class Engine {
 
     var clients: [ConnectionID: ClientSession] = [:]
     var dirtyClients: [ClientSession] = []
+    /// Connections whose queued bytes went past `outputSoftBytes` when they
+    /// were last marked dirty: what `checkCongestion` looks at (not every
+    /// dirty connection, which would make a turn of fan-out quadratic).
+    var congested: [ClientSession] = []
     /// Closed connections whose subscriptions are still being ended, a
     /// slice at a time between turns (deferred work): `closingHead` is next.
     var closingClients: [ClientSession?] = []
@@ -488,10 +492,19 @@ public final class Engine {
 
     // MARK: Responses
 
+    /// After bytes were queued for `c` (every append is followed by this).
     func markDirty(_ c: ClientSession) {
         if !c.dirty {
             c.dirty = true
             dirtyClients.append(c)
+        }
+        // Queued bytes only grow here and at `takeOutput` (which checks on
+        // its own), so this sees every connection that passes the soft limit.
+        let soft = configuration.outputSoftBytes
+        if soft > 0, !c.congested, c.coalescing == 0,
+           c.output.byteCount + c.flow.unsent.load(ordering: .relaxed) > soft {
+            c.congested = true
+            congested.append(c)
         }
     }
 

@@ -6,8 +6,13 @@ import ConcordJSON
 /// subscriber's connection queues a reference to it, never a copy. The
 /// storage is malloc'ed once and never moves, so the event loop can hand the
 /// pointer to `uv_write` and keep the object alive until the write completes.
+///
+/// An ``OutputQueue``'s block is one too: the queue writes it front to back,
+/// and hands out chunks only of bytes already written, which it never
+/// writes again (so the loop reads bytes the sequencer no longer touches).
 public final class OutputBytes: @unchecked Sendable {
-    // Sendable: the bytes are written once in init and only read afterwards.
+    // Sendable: a byte is written once (in init, or by the one queue that
+    // owns a block, before it hands the byte out) and only read afterwards.
     public let base: UnsafeMutableRawPointer
     public let count: Int
 
@@ -17,6 +22,12 @@ public final class OutputBytes: @unchecked Sendable {
         bytes.withUnsafeBytes { src in
             if let s = src.baseAddress { base.copyMemory(from: s, byteCount: count) }
         }
+    }
+
+    /// An unwritten block of `capacity` bytes (``OutputQueue``).
+    init(capacity: Int) {
+        count = capacity
+        base = UnsafeMutableRawPointer.allocate(byteCount: max(capacity, 1), alignment: 1)
     }
 
     deinit { base.deallocate() }
@@ -33,51 +44,119 @@ public struct OutputChunk: Sendable {
     public var base: UnsafeRawPointer { UnsafeRawPointer(owner.base + offset) }
 }
 
-/// What one connection is to be sent, in order: its own small bytes
-/// (responses, event headers) interleaved with shared payloads.
+/// What one connection is to be sent, in order: its own bytes (responses,
+/// event headers, small payloads) interleaved with shared payloads.
 ///
-/// The connection's own bytes of one hand-off go into a single buffer (one
-/// allocation, however many events); shared payloads are referenced, never
-/// copied. `take()` turns both into chunks for one vectored write.
+/// The connection's own bytes are written into blocks it owns (malloc'ed
+/// once, never moved, never copied again): `take()` hands out chunks of the
+/// bytes written since the last take, and the queue goes on filling the
+/// same block after them. So a fan-out's events are copied once, into the
+/// block, however many takes they span; shared payloads above `copyLimit`
+/// are referenced, never copied. Blocks grow (doubling, up to `maxBlock`)
+/// while a connection fills more than one between takes, and shrink again
+/// (halving, down to `minBlock`) while it queues little: at a take a block
+/// is let go when little of it is left or when it is more than twice the
+/// size the traffic now calls for, so a quiet connection holds at most a
+/// small, partly used block.
 public struct OutputQueue {
-    private var own: [UInt8] = []
-    /// In order: a run of `own` (`shared == nil`, `start..<end`) or a shared payload.
-    private var parts: [(shared: OutputBytes?, start: Int, end: Int)] = []
+    /// The block being written: bytes `0..<filled` are written; `runStart..<filled` not yet handed out.
+    private var block: OutputBytes? = nil
+    private var filled = 0
     private var runStart = 0
+    /// The size of the next block (grows while blocks fill up between takes).
+    private var nextBlock = OutputQueue.minBlock
+    /// Chunks closed since the last take, in order.
+    private var parts: [OutputChunk] = []
+    /// A writer's buffer reused by `write` (kept only while small).
+    private var scratch: [UInt8] = []
     public private(set) var byteCount = 0
     /// Complete lines (responses and events) queued since the last `take()`.
     public private(set) var lineCount = 0
 
+    static let minBlock = 256
+    static let maxBlock = 64 << 10
+    /// `write`'s buffer is kept for the next write while at most this big.
+    static let scratchLimit = 1024
+
     public init() {}
 
-    public var isEmpty: Bool { parts.isEmpty && own.count == runStart }
+    public var isEmpty: Bool { parts.isEmpty && filled == runStart }
+
+    /// The block being written's size (0: none), for tests of the sizing.
+    var blockCapacity: Int { block?.count ?? 0 }
+
+    /// Room for `n` more bytes in the block: where to write them.
+    @inline(__always)
+    private mutating func space(_ n: Int) -> UnsafeMutableRawPointer {
+        if let b = block, b.count - filled >= n { return b.base + filled }
+        return newBlock(n)
+    }
+
+    private mutating func newBlock(_ n: Int) -> UnsafeMutableRawPointer {
+        closeRun()
+        if block != nil { nextBlock = min(nextBlock * 2, Self.maxBlock) }
+        let b = OutputBytes(capacity: max(n, nextBlock))
+        block = b
+        filled = 0
+        runStart = 0
+        return b.base
+    }
+
+    @inline(__always)
+    private mutating func copy(_ src: UnsafeRawBufferPointer) {
+        guard let from = src.baseAddress, src.count > 0 else { return }
+        space(src.count).copyMemory(from: from, byteCount: src.count)
+        filled += src.count
+        byteCount += src.count
+    }
 
     mutating func append(_ bytes: [UInt8]) {
-        own.append(contentsOf: bytes)
-        byteCount += bytes.count
+        bytes.withUnsafeBytes { copy($0) }
         if bytes.last == 0x0A { lineCount += 1 }
     }
 
-    /// Writes straight into the connection's own bytes (no temporary buffer).
+    /// Writes with a `JSONWriter`, then copies what it wrote into the block.
     mutating func write(_ body: (inout JSONWriter) -> Void) {
-        var w = JSONWriter(adopting: own)
-        own = []
-        let before = w.bytes.count
+        var w = JSONWriter(adopting: scratch)
+        scratch = []
         body(&w)
-        byteCount += w.bytes.count - before
-        own = w.bytes
-        if own.count > before, own.last == 0x0A { lineCount += 1 }
+        w.bytes.withUnsafeBytes { copy($0) }
+        if w.bytes.last == 0x0A { lineCount += 1 }
+        if w.bytes.capacity <= Self.scratchLimit {
+            w.bytes.removeAll(keepingCapacity: true)
+            scratch = w.bytes
+        }
     }
 
     /// One event of a fan-out: `head` (`{"event":"…","sub":`), the
     /// subscription's name, `tail` (`,"seq":N` and the payload) — the two
     /// parts every subscriber shares, written once for all of them.
-    mutating func appendEvent(head: [UInt8], _ s: SubscriptionRecord, tail: [UInt8]) {
-        let before = own.count
-        own.append(contentsOf: head)
-        s.appendName(to: &own)
-        own.append(contentsOf: tail)
-        byteCount += own.count - before
+    mutating func appendEvent(head: UnsafeRawBufferPointer, _ s: SubscriptionRecord, tail: UnsafeRawBufferPointer) {
+        guard s.nameIsPlain else {
+            var name: [UInt8] = []
+            s.appendName(to: &name)
+            copy(head)
+            name.withUnsafeBytes { copy($0) }
+            copy(tail)
+            if tail.last == 0x0A { lineCount += 1 }
+            return
+        }
+        var name = s.name
+        name.withUTF8 { n in
+            let total = head.count + n.count + 2 + tail.count
+            var p = space(total)
+            p.copyMemory(from: head.baseAddress!, byteCount: head.count)
+            p += head.count
+            p.storeBytes(of: 0x22, as: UInt8.self)
+            p += 1
+            if n.count > 0 { p.copyMemory(from: n.baseAddress!, byteCount: n.count) }
+            p += n.count
+            p.storeBytes(of: 0x22, as: UInt8.self)
+            p += 1
+            p.copyMemory(from: tail.baseAddress!, byteCount: tail.count)
+            filled += total
+            byteCount += total
+        }
         if tail.last == 0x0A { lineCount += 1 }
     }
 
@@ -89,39 +168,37 @@ public struct OutputQueue {
     public static let copyLimit = 1024
 
     mutating func append(shared: OutputBytes) {
-        byteCount += shared.count
         if shared.count > 0, shared.base.load(fromByteOffset: shared.count - 1, as: UInt8.self) == 0x0A { lineCount += 1 }
         if shared.count <= Self.copyLimit {
-            own.append(contentsOf: UnsafeBufferPointer(start: shared.base.assumingMemoryBound(to: UInt8.self), count: shared.count))
+            copy(UnsafeRawBufferPointer(start: shared.base, count: shared.count))
             return
         }
+        byteCount += shared.count
         closeRun()
-        parts.append((shared, 0, shared.count))
+        parts.append(OutputChunk(owner: shared, offset: 0, count: shared.count))
     }
 
     private mutating func closeRun() {
-        if own.count > runStart {
-            parts.append((nil, runStart, own.count))
-            runStart = own.count
+        if filled > runStart, let b = block {
+            parts.append(OutputChunk(owner: b, offset: runStart, count: filled - runStart))
+            runStart = filled
         }
     }
 
     /// Everything queued so far, in order; the queue is empty afterwards.
     public mutating func take() -> [OutputChunk] {
         closeRun()
-        let arena = own.isEmpty ? nil : OutputBytes(own)
-        var out: [OutputChunk] = []
-        out.reserveCapacity(parts.count)
-        for p in parts {
-            if let shared = p.shared {
-                out.append(OutputChunk(owner: shared, offset: 0, count: shared.count))
-            } else if let arena {
-                out.append(OutputChunk(owner: arena, offset: p.start, count: p.end - p.start))
-            }
+        let out = parts
+        parts = []
+        // A quiet period (little queued since the last take): the next block
+        // is smaller; a block too big for the traffic now is let go.
+        if byteCount < nextBlock / 4 { nextBlock = max(Self.minBlock, nextBlock / 2) }
+        if let b = block, b.count - filled < b.count / 4 || b.count > 2 * nextBlock {
+            // The chunks keep it alive until written; the next bytes start a new block.
+            block = nil
+            filled = 0
+            runStart = 0
         }
-        own.removeAll(keepingCapacity: true)
-        parts.removeAll(keepingCapacity: true)
-        runStart = 0
         byteCount = 0
         lineCount = 0
         return out
