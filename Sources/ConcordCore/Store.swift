@@ -11,7 +11,7 @@ import ConcordProtocol
 /// substituting its top-most nested entities (cost: the referrer's own size).
 final class EntityRecord {
     var value: JSON
-    var children: [String: Int]
+    var children: Children
     /// Which propagation last visited this record (`Store.walkGeneration`)
     /// and how far: marks instead of `Set<String>`s of identities, so a
     /// referrer's refresh hashes no identity to know whether it was seen.
@@ -45,7 +45,7 @@ final class EntityRecord {
     static let reshaped: UInt64 = 4
     static let markBits = 3
 
-    init(value: JSON, children: [String: Int]) {
+    init(value: JSON, children: Children) {
         self.value = value
         self.children = children
     }
@@ -54,9 +54,9 @@ final class EntityRecord {
 /// A document stored under a cache key: a tree whose top-most entities are references.
 final class DocumentRecord {
     var value: JSON
-    var children: [String: Int]
+    var children: Children
 
-    init(value: JSON, children: [String: Int]) {
+    init(value: JSON, children: Children) {
         self.value = value
         self.children = children
     }
@@ -324,9 +324,9 @@ final class Store {
     }
 
     private func findCycle(newValues: [String: JSON]) -> (String, String)? {
-        var childrenOf: [String: [String: Int]] = [:]
+        var childrenOf: [String: Children] = [:]
         for (id, v) in newValues { childrenOf[id] = tree.nestedEntities(v) }
-        func children(_ id: String) -> [String: Int] { childrenOf[id] ?? entities[id]?.children ?? [:] }
+        func children(_ id: String) -> Children { childrenOf[id] ?? entities[id]?.children ?? Children() }
         for (root, kids) in childrenOf {
             var stack = Array(kids.keys)
             var seen: Set<String> = []
@@ -359,7 +359,8 @@ final class Store {
             setEntity(id, newValue, verbatim: u.verbatim)
         }
         let written = u.ids
-        propagate(from: change.valueChanged, skipping: written, deleted: [], into: &change)
+        // The update's own document is rewritten below: propagation need not refresh it first.
+        propagate(from: change.valueChanged, skipping: written, deleted: [], except: u.key, into: &change)
         if u.force {
             change.recordChanged.formUnion(written)
             var holders = written
@@ -452,6 +453,7 @@ final class Store {
         deleted: Set<String>,
         seeds extraSeeds: Set<String> = [],
         documents extraDocs: IDSet = IDSet(),
+        except rewrittenDocument: String? = nil,
         into change: inout StoreChange
     ) {
         // Upward closure through referrers, marked on the records (a
@@ -543,7 +545,7 @@ final class Store {
         for (id, rec) in toRefresh { refresh(id, rec) }
         if !deleted.isEmpty { removeFromCollections(deleted) }
         refreshInCollections(change.valueChanged)
-        for key in docs {
+        for key in docs where key != rewrittenDocument {
             guard let doc = documents[key] else { continue }
             let old = doc.value
             if let root = old.identity(idKey: tree.idKey), deleted.contains(root) {
@@ -665,7 +667,7 @@ final class Store {
     private func setDocument(_ key: String, _ value: JSON?) {
         let old = documents[key]
         if documentJournal[key] == nil { documentJournal[key] = .some(old?.value) }
-        let newChildren = value.map { tree.topEntities($0) } ?? [:]
+        let newChildren = value.map { tree.topEntities($0) } ?? Children()
         if let old, let value, old.children == newChildren {
             old.value = value
             return

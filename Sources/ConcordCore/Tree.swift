@@ -136,13 +136,14 @@ struct Tree {
     }
 
     /// The identities of the top-most entities nested in `value` (not `value` itself), with counts.
-    func nestedEntities(_ value: JSON) -> [String: Int] {
-        var out: [String: Int] = [:]
+    func nestedEntities(_ value: JSON) -> Children {
+        var out = Children()
+        var index: [String: Int]? = nil
         func walk(_ v: JSON, top: Bool) {
             switch v {
             case .object(let o):
                 if !top, let id = o.identity(idKey: idKey) {
-                    out[id, default: 0] += 1
+                    out.add(id, index: &index)
                     return
                 }
                 // By index, and only into containers: no member copied out.
@@ -159,8 +160,8 @@ struct Tree {
     }
 
     /// The top-most entities of `value`, `value` itself included when it is one.
-    func topEntities(_ value: JSON) -> [String: Int] {
-        if let id = value.identity(idKey: idKey) { return [id: 1] }
+    func topEntities(_ value: JSON) -> Children {
+        if let id = value.identity(idKey: idKey) { return Children(id) }
         return nestedEntities(value)
     }
 
@@ -463,4 +464,57 @@ extension Tree {
         }
         return .object(out)
     }
+}
+
+/// The entities a record or a document holds directly, each once with how
+/// often, in the order a walk of the value meets them (so one value always
+/// gives the same list, and two lists are compared element by element).
+///
+/// Why not `[String: Int]`: most records hold none or a few, and a
+/// dictionary hashes every identity to build and again to compare; a short
+/// list does neither (a long one is indexed while it is built).
+struct Children: Sequence, Equatable, CustomStringConvertible {
+    private var list: [(id: String, count: Int)] = []
+
+    init() {}
+
+    init(_ id: String) { list = [(id, 1)] }
+
+    var isEmpty: Bool { list.isEmpty }
+    var count: Int { list.count }
+    var keys: LazyMapSequence<[(id: String, count: Int)], String> { list.lazy.map(\.id) }
+
+    /// One more occurrence of `id`; `index` finds identities in a long list
+    /// (built here past 16, kept by the caller for the walk, never stored).
+    mutating func add(_ id: String, index: inout [String: Int]?) {
+        if list.count < 16 {
+            for i in list.indices where list[i].id == id {
+                list[i].count += 1
+                return
+            }
+            list.append((id, 1))
+            return
+        }
+        if index == nil {
+            var built: [String: Int] = [:]
+            for i in list.indices { built[list[i].id] = i }
+            index = built
+        }
+        if let i = index![id] {
+            list[i].count += 1
+        } else {
+            index![id] = list.count
+            list.append((id, 1))
+        }
+    }
+
+    func makeIterator() -> IndexingIterator<[(id: String, count: Int)]> { list.makeIterator() }
+
+    static func == (a: Children, b: Children) -> Bool {
+        guard a.list.count == b.list.count else { return false }
+        for i in a.list.indices where a.list[i].id != b.list[i].id || a.list[i].count != b.list[i].count { return false }
+        return true
+    }
+
+    var description: String { "[" + list.map { "\($0.id): \($0.count)" }.joined(separator: ", ") + "]" }
 }
