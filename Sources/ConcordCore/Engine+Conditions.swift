@@ -101,10 +101,10 @@ extension Engine {
     /// After mutation `seq` was applied: what it changed, and its token.
     /// Returns the tokens that expired (to forget in the cache backend too).
     func recordVersions(_ change: StoreChange, effects: [ViewEffect], ops: [(Mutation, origin: String?)], token: String?) -> [String] {
-        let written = effects.lazy.flatMap { e -> Set<String> in
-            if case .update(let u) = e { return u.ids }
-            return []
-        }
+        let written = effects.lazy.flatMap { e -> EntityMap in
+            if case .update(let u) = e { return u.swap }
+            return EntityMap()
+        }.map(\.id)
         var keys: [String] = []
         var lists: [String] = []
         for (op, _) in ops {

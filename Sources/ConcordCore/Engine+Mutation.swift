@@ -60,7 +60,7 @@ extension Engine {
                 case .update(let model, let key, let mode, let force):
                     let prepared = try store.prepareUpdate(model: model, key: key, mode: mode, force: force)
                     if ops.count == 1 { change = store.apply(prepared) } else { change.formUnion(store.apply(prepared)) }
-                    effects.append(.update(UpdateEffect(ids: prepared.ids, swap: prepared.values, partials: prepared.partials, force: force)))
+                    effects.append(.update(UpdateEffect(swap: prepared.values, partials: prepared.partials, force: force)))
                 case .deleteEntity(let id):
                     let ch = store.deleteEntity(id)
                     change.formUnion(ch)
@@ -70,11 +70,11 @@ extension Engine {
                 case .collectionSet(let name, let items):
                     let (ch, prepared) = try store.collectionSet(name, items: items)
                     change.formUnion(ch)
-                    effects.append(.update(UpdateEffect(ids: prepared.ids, swap: prepared.values, partials: nil, force: false)))
+                    effects.append(.update(UpdateEffect(swap: prepared.values, partials: nil, force: false)))
                 case .collectionInsert(let name, let index, let items):
                     let (ch, prepared) = try store.collectionInsert(name, index: index, items: items)
                     change.formUnion(ch)
-                    effects.append(.update(UpdateEffect(ids: prepared.ids, swap: prepared.values, partials: nil, force: false)))
+                    effects.append(.update(UpdateEffect(swap: prepared.values, partials: nil, force: false)))
                 case .collectionRemoveAt(let name, let index, let count):
                     try store.collectionRemove(name, index: index, count: count)
                 case .collectionRemoveIDs(let name, let ids):
@@ -271,7 +271,7 @@ extension Engine {
             }
             switch e {
             case .update(let u):
-                guard !ids.isDisjoint(with: u.ids) else { continue }
+                guard u.swap.intersects(ids) else { continue }
                 let (nt, c) = tree.rewrite(t, u)
                 if c {
                     t = nt

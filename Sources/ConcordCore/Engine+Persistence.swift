@@ -311,7 +311,7 @@ extension Engine {
         func mutation(_ m: Mutation) {
             switch m {
             case .update(let model, _, let mode, _):
-                if mode == .merge { for id in tree.flatten(model).order { entity(id) } }
+                if mode == .merge { for id in tree.flatten(model).ids { entity(id) } }
             case .collectionSet(let n, _), .collectionInsert(let n, _, _), .collectionRemoveAt(let n, _, _),
                  .collectionRemoveIDs(let n, _):
                 collection(n)

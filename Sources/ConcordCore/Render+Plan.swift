@@ -44,7 +44,7 @@ extension Engine {
             }
             for e in effects {
                 switch e {
-                case .update(let u): collect(u.ids)
+                case .update(let u): collect(u.swap.ids)
                 case .delete(let d): collect(d)
                 }
             }

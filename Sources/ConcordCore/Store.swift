@@ -272,13 +272,10 @@ final class Store {
 
     /// Results of `prepareUpdate`: the new versions, not yet written.
     struct PreparedUpdate {
-        var order: [String]
-        /// `order` as a set (computed once: the store and the views both need it).
-        var ids: Set<String>
-        /// New materialized value per entity of the update.
-        var values: [String: JSON]
+        /// New materialized value per entity of the update, in order of first appearance.
+        var values: EntityMap
         /// Merge mode: each entity as the update gave it (nested partials resolved).
-        var partials: [String: JSON]?
+        var partials: EntityMap?
         var mode: UpdateMode
         var force: Bool
         var key: String?
@@ -291,11 +288,11 @@ final class Store {
     /// Computes the new versions of an update's entities without writing them.
     /// Throws `bad_request` when a merge would make an entity contain itself.
     func prepareUpdate(model: JSON, key: String?, mode: UpdateMode, force: Bool) throws(ProtocolError) -> PreparedUpdate {
-        let (order, winners, repeated) = tree.flattenCounting(model)
+        let (winners, repeated) = tree.flattenCounting(model)
         // With each identity once, every nested occurrence already is its winner.
-        let resolved = repeated ? tree.resolve(winners, order: order) : winners
+        let resolved = repeated ? tree.resolve(winners) : winners
         guard mode == .merge else {
-            return PreparedUpdate(order: order, ids: Set(order), values: resolved, partials: nil, mode: mode, force: force, key: key, model: model, verbatim: !repeated)
+            return PreparedUpdate(values: resolved, partials: nil, mode: mode, force: force, key: key, model: model, verbatim: !repeated)
         }
         // Merge: members present in the update win, absent ones are kept from
         // the stored record; nested entities merge by identity on their own.
@@ -315,19 +312,21 @@ final class Store {
             merged[id] = result
             return result
         }
-        for id in order { _ = mergedValue(id) }
+        var values = EntityMap()
+        for (id, _) in resolved { if let v = mergedValue(id) { values.set(id, v) } }
         // A kept member may reference an entity that now contains this one.
-        if let (a, b) = findCycle(newValues: merged) {
+        if let (a, b) = findCycle(newValues: values) {
             throw ProtocolError(.badRequest, "merge would make entity '\(clipID(a))' contain itself through '\(clipID(b))'")
         }
-        return PreparedUpdate(order: order, ids: Set(order), values: merged, partials: resolved, mode: mode, force: force, key: key, model: model)
+        return PreparedUpdate(values: values, partials: resolved, mode: mode, force: force, key: key, model: model)
     }
 
-    private func findCycle(newValues: [String: JSON]) -> (String, String)? {
+    private func findCycle(newValues: EntityMap) -> (String, String)? {
         var childrenOf: [String: Children] = [:]
         for (id, v) in newValues { childrenOf[id] = tree.nestedEntities(v) }
         func children(_ id: String) -> Children { childrenOf[id] ?? entities[id]?.children ?? Children() }
-        for (root, kids) in childrenOf {
+        for (root, _) in newValues {
+            let kids = childrenOf[root]!
             var stack = Array(kids.keys)
             var seen: Set<String> = []
             while let id = stack.popLast() {
@@ -342,8 +341,7 @@ final class Store {
     /// Writes a prepared update and re-materializes everything that holds its entities.
     func apply(_ u: PreparedUpdate) -> StoreChange {
         var change = StoreChange()
-        for id in u.order {
-            guard let newValue = u.values[id] else { continue }
+        for (id, newValue) in u.values {
             let old = entities[id]?.value
             if let old {
                 // Equal values have equal records; the record comparison only
@@ -358,10 +356,10 @@ final class Store {
             }
             setEntity(id, newValue, verbatim: u.verbatim)
         }
-        let written = u.ids
         // The update's own document is rewritten below: propagation need not refresh it first.
-        propagate(from: change.valueChanged, skipping: written, deleted: [], except: u.key, into: &change)
+        propagate(from: change.valueChanged, skipping: u.values, deleted: [], except: u.key, into: &change)
         if u.force {
+            let written = Set(u.values.ids)
             change.recordChanged.formUnion(written)
             var holders = written
             var docs: Set<String> = []
@@ -418,7 +416,7 @@ final class Store {
             }
         }
         change.recordChanged = IDSet(deleted.union(parents))
-        propagate(from: IDSet(), skipping: [], deleted: deleted, seeds: parents, documents: IDSet(docs), into: &change)
+        propagate(from: IDSet(), skipping: EntityMap(), deleted: deleted, seeds: parents, documents: IDSet(docs), into: &change)
         return change
     }
 
@@ -449,7 +447,7 @@ final class Store {
     /// children before parents, and records what changed.
     private func propagate(
         from changed: IDSet,
-        skipping written: Set<String>,
+        skipping written: EntityMap,
         deleted: Set<String>,
         seeds extraSeeds: Set<String> = [],
         documents extraDocs: IDSet = IDSet(),
@@ -482,7 +480,7 @@ final class Store {
             guard held & EntityRecord.heldByEntities != 0, let holders = referrers[id] else { return }
             if !writtenMarked {
                 writtenMarked = true
-                for w in written { entities[w]?.mark(generation, .done) }
+                for (w, _) in written { entities[w]?.mark(generation, .done) }
             }
             if isRefreshed { chained = true }
             for r in holders.keys {

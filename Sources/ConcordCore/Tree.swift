@@ -12,23 +12,17 @@ struct Tree {
     // MARK: Flattening
 
     /// Every entity of `root` with its winning subtree (the last occurrence in
-    /// pre-order), and the identities in order of first appearance.
-    func flatten(_ root: JSON) -> (order: [String], winners: [String: JSON]) {
-        let f = flattenCounting(root)
-        return (f.order, f.winners)
-    }
+    /// pre-order), the identities in order of first appearance.
+    func flatten(_ root: JSON) -> EntityMap { flattenCounting(root).winners }
 
     /// `flatten`, also telling whether some identity occurs more than once.
-    func flattenCounting(_ root: JSON) -> (order: [String], winners: [String: JSON], repeated: Bool) {
-        var order: [String] = []
-        var winners: [String: JSON] = [:]
+    func flattenCounting(_ root: JSON) -> (winners: EntityMap, repeated: Bool) {
+        var winners = EntityMap()
         var repeated = false
         func walk(_ v: JSON) {
             switch v {
             case .object(let o):
-                if let id = o.identity(idKey: idKey) {
-                    if winners.updateValue(v, forKey: id) == nil { order.append(id) } else { repeated = true }
-                }
+                if let id = o.identity(idKey: idKey), !winners.set(id, v) { repeated = true }
                 let members = o.members
                 for i in members.indices where members[i].value.isContainer { walk(members[i].value) }
             case .array(let a):
@@ -38,12 +32,12 @@ struct Tree {
             }
         }
         walk(root)
-        return (order, winners, repeated)
+        return (winners, repeated)
     }
 
     /// Each winner with its nested entities replaced by their own resolved winners,
     /// so every occurrence of an identity in the result is the same value.
-    func resolve(_ winners: [String: JSON], order: [String]) -> [String: JSON] {
+    func resolve(_ winners: EntityMap) -> EntityMap {
         var resolved: [String: JSON] = [:]
         resolved.reserveCapacity(winners.count)
         var inProgress: Set<String> = []
@@ -57,8 +51,10 @@ struct Tree {
             resolved[id] = r
             return r
         }
-        for id in order { _ = resolveID(id) }
-        return resolved
+        // In the winners' order (nested identities may resolve first).
+        var out = EntityMap()
+        for (id, _) in winners { if let r = resolveID(id) { out.set(id, r) } }
+        return out
     }
 
     // MARK: Substitution
@@ -403,12 +399,11 @@ struct Tree {
 
 /// What an `update` does to the private trees of model views.
 struct UpdateEffect {
-    /// Every identity the update carries.
-    var ids: Set<String>
-    /// The current version of each of them right after the update.
-    var swap: [String: JSON]
+    /// Every identity the update carries, with the current version of each
+    /// right after the update.
+    var swap: EntityMap
     /// Merge mode: each entity as the update gave it.
-    var partials: [String: JSON]?
+    var partials: EntityMap?
     var force: Bool
 }
 
@@ -420,7 +415,7 @@ extension Tree {
     func rewrite(_ v: JSON, _ u: UpdateEffect) -> (JSON, Bool) {
         switch v {
         case .object(var o):
-            if let id = o.identity(idKey: idKey), u.ids.contains(id) {
+            if let id = o.identity(idKey: idKey), u.swap.contains(id) {
                 if let p = u.partials?[id]?.objectValue {
                     return (merge(o, p, u), true)
                 }

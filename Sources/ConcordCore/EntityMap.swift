@@ -1,0 +1,62 @@
+import ConcordJSON
+
+/// Values by identity, in the order the identities were first added: the
+/// entities one update carries.
+///
+/// Why not `[String: JSON]` and a `Set` beside it: an update carries a few
+/// entities, and a dictionary that grows from empty allocates and rehashes
+/// as it does and hashes every identity each time it is read. A short map
+/// is searched in place (identities compared, not hashed); past 16 entries
+/// it keeps an index.
+struct EntityMap: Sequence {
+    private var entries: [(id: String, value: JSON)] = []
+    private var index: [String: Int]? = nil
+
+    init() {}
+
+    var count: Int { entries.count }
+    var isEmpty: Bool { entries.isEmpty }
+
+    /// The identities in the order they were first added.
+    var ids: LazyMapSequence<[(id: String, value: JSON)], String> { entries.lazy.map(\.id) }
+
+    @inline(__always)
+    private func position(_ id: String) -> Int? {
+        if let index { return index[id] }
+        for i in entries.indices where entries[i].id == id { return i }
+        return nil
+    }
+
+    func contains(_ id: String) -> Bool { position(id) != nil }
+
+    subscript(id: String) -> JSON? { position(id).map { entries[$0].value } }
+
+    /// Sets `id`'s value (an identity already present keeps its place).
+    /// Returns whether `id` is new.
+    @discardableResult
+    mutating func set(_ id: String, _ value: JSON) -> Bool {
+        if let i = position(id) {
+            entries[i].value = value
+            return false
+        }
+        if index != nil {
+            index![id] = entries.count
+        } else if entries.count == 16 {
+            var built: [String: Int] = [:]
+            built.reserveCapacity(32)
+            for i in entries.indices { built[entries[i].id] = i }
+            built[id] = entries.count
+            index = built
+        }
+        entries.append((id, value))
+        return true
+    }
+
+    /// Whether some identity of `self` is in `set`.
+    func intersects(_ set: Set<String>) -> Bool {
+        for e in entries where set.contains(e.id) { return true }
+        return false
+    }
+
+    func makeIterator() -> IndexingIterator<[(id: String, value: JSON)]> { entries.makeIterator() }
+}
