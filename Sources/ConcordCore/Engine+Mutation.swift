@@ -114,7 +114,7 @@ extension Engine {
             }
         }
         if change.valueChanged.count == 1 || !store.aHeldEntityNestsDeeper(limit: limit) {
-            for (id, rec) in store.writtenInMutation where store.isResident(id, rec) {
+            for (id, rec) in store.writtenInMutation where store.isResident(rec) {
                 try check(id, store.valueForDepthCheck(rec))
             }
         } else {
@@ -165,7 +165,7 @@ extension Engine {
     /// Render+Plan.swift, Render+Map.swift, Render+Enqueue.swift.
     private func render(effects: [ViewEffect], change: StoreChange, net: Bool, origins: Set<ObjectIdentifier>, context: JSON?) {
         let plan = planRender(effects: effects, change: change, net: net)
-        let results = mapRender(plan, effects: effects, seq: seq, origins: origins, context: context)
+        let results = mapRender(plan, effects: effects, seq: seq, origins: origins, context: context, valueChanged: change.valueChanged)
         enqueueRender(plan, results, change: change, seq: seq, origins: origins, context: context)
     }
 

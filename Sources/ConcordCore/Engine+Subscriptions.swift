@@ -279,8 +279,10 @@ extension Engine {
     }
 
     /// `,"model":…,"changed":[…],"deleted":[…][,"context":…]}\n`
-    func writeDocumentBody(_ w: inout JSONWriter, old: JSON?, new: JSON?, context: JSON?) {
-        let (changed, deleted) = tree.diff(old: old, new: new)
+    /// `valueChanged`: when `old` and `new` are the store's document before
+    /// and after a mutation, the entities it changed (see `Tree.diff`).
+    func writeDocumentBody(_ w: inout JSONWriter, old: JSON?, new: JSON?, context: JSON?, valueChanged: IDSet? = nil) {
+        let (changed, deleted) = tree.diff(old: old, new: new, valueChanged: valueChanged)
         w.raw(",\"model\":")
         writeStored(&w, new ?? .null)
         w.raw(",\"changed\":[")

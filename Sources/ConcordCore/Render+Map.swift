@@ -47,17 +47,21 @@ extension Engine {
     /// Step two: every job's bytes, on the worker pool when there are
     /// several. Each item reads the store and its own view (nothing else
     /// writes them during the step) and writes only its own slot.
-    func mapRender(_ plan: RenderPlan, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?) -> RenderResults {
+    /// `valueChanged`: the mutation's `StoreChange.valueChanged` (an entity
+    /// not in it shows the same value before and after it in any document).
+    func mapRender(_ plan: RenderPlan, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?,
+                   valueChanged: IDSet) -> RenderResults {
         let results = RenderResults(count: plan.jobs.count)
         guard plan.renders else { return results }
         let jobs = plan.jobs
         executor.forEach(jobs.count) { i in
-            results[i] = self.renderJob(jobs[i], effects: effects, seq: seq, origins: origins, context: context)
+            results[i] = self.renderJob(jobs[i], effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged)
         }
         return results
     }
 
-    private func renderJob(_ job: RenderPlan.Job, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?) -> Rendered {
+    private func renderJob(_ job: RenderPlan.Job, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?,
+                           valueChanged: IDSet) -> Rendered {
         switch job {
         case .model(let view):
             return .model(renderModel(view, effects, seq: seq, origins: origins, context: context))
@@ -74,7 +78,9 @@ extension Engine {
             // Room for a few hundred bytes of document without growing (the
             // writer doubles: 256 would copy once for a 250-byte document).
             var w = JSONWriter(capacity: 512)
-            writeDocumentBody(&w, old: old, new: new, context: context)
+            // Both are the store's (materialized) document: an entity the
+            // mutation did not change has one value in both, not compared.
+            writeDocumentBody(&w, old: old, new: new, context: context, valueChanged: valueChanged)
             return .payload(OutputBytes(w.bytes), changed: changed)
         case .list(let view, let ended, let changed, let changes):
             guard !ended && !changes.isEmpty else { return .none }

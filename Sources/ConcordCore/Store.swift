@@ -30,6 +30,9 @@ final class EntityRecord {
     /// `heldByDocuments`): propagation skips the lookups for a record nobody
     /// holds (an author's hundred posts, each refreshed, held by nothing).
     var held: UInt8 = 0
+    /// Whether `Store.entities` holds this record (a record removed, or
+    /// replaced, within a mutation may still be listed in its journal lists).
+    var resident = false
     /// Where the running mutation's journal keeps this record's value from
     /// before it (valid while `mutationMark` is of the running mutation).
     var journalIndex: Int32 = 0
@@ -171,8 +174,8 @@ final class Store {
     /// stored-depth check can skip them.
     /// `limit`: the stored-depth bound (heights are compared up to one above it).
     func aHeldEntityNestsDeeper(limit: Int) -> Bool {
-        for (id, rec) in writtenInMutation where rec.held & EntityRecord.heldByEntities != 0 && entities[id] === rec {
-            if rec.value.height(cappedAt: limit + 1) > valueBeforeMutation(id).height(cappedAt: limit + 1) { return true }
+        for (_, rec) in writtenInMutation where rec.held & EntityRecord.heldByEntities != 0 && rec.resident {
+            if rec.value.height(cappedAt: limit + 1) > valueBeforeMutation(rec).height(cappedAt: limit + 1) { return true }
         }
         return false
     }
@@ -183,7 +186,7 @@ final class Store {
     private(set) var writtenInMutation: [(id: String, record: EntityRecord)] = []
 
     /// Whether `rec` is the record resident under `id`.
-    func isResident(_ id: String, _ rec: EntityRecord) -> Bool { entities[id] === rec }
+    func isResident(_ rec: EntityRecord) -> Bool { rec.resident }
 
     /// Forgets the journal: the running mutation is committed.
     func commit() {
@@ -212,11 +215,14 @@ final class Store {
 
     /// The value an entity had before the running mutation (null: absent).
     func valueBeforeMutation(_ id: String) -> JSON {
-        if let rec = entities[id] {
-            return touchedInThisMutation(rec) ? entityJournal[Int(rec.journalIndex)].old ?? .null : rec.value
-        }
+        if let rec = entities[id] { return valueBeforeMutation(rec) }
         if let i = journaledAbsent[id] { return entityJournal[i].old ?? .null }
         return .null
+    }
+
+    /// `valueBeforeMutation` of a resident record.
+    func valueBeforeMutation(_ rec: EntityRecord) -> JSON {
+        touchedInThisMutation(rec) ? entityJournal[Int(rec.journalIndex)].old ?? .null : rec.value
     }
 
     /// Journals `rec` (resident under `id`) unless the running mutation already did.
@@ -341,23 +347,29 @@ final class Store {
     /// Writes a prepared update and re-materializes everything that holds its entities.
     func apply(_ u: PreparedUpdate) -> StoreChange {
         var change = StoreChange()
+        // The changed ones with their records, for propagation (no lookup again).
+        var changed: [(String, EntityRecord?)] = []
         for (id, newValue) in u.values {
-            let old = entities[id]?.value
-            if let old {
+            let resident = entities[id]
+            var isChanged = true
+            if let old = resident?.value {
                 // Equal values have equal records; the record comparison only
                 // matters to feed subscriptions.
                 if old != newValue {
                     change.valueChanged.insert(id)
                     if trackRecordChanges && !tree.sameRecord(old, newValue) { change.recordChanged.insert(id) }
+                } else {
+                    isChanged = false
                 }
             } else {
                 change.recordChanged.insert(id)
                 change.valueChanged.insert(id)
             }
-            setEntity(id, newValue, verbatim: u.verbatim)
+            let rec = setEntity(id, newValue, resident: resident, verbatim: u.verbatim)
+            if isChanged { changed.append((id, rec)) }
         }
         // The update's own document is rewritten below: propagation need not refresh it first.
-        propagate(from: change.valueChanged, skipping: u.values, deleted: [], except: u.key, into: &change)
+        propagate(from: changed, skipping: u.values, deleted: [], except: u.key, into: &change)
         if u.force {
             let written = Set(u.values.ids)
             change.recordChanged.formUnion(written)
@@ -416,7 +428,7 @@ final class Store {
             }
         }
         change.recordChanged = IDSet(deleted.union(parents))
-        propagate(from: IDSet(), skipping: EntityMap(), deleted: deleted, seeds: parents, documents: IDSet(docs), into: &change)
+        propagate(from: [], skipping: EntityMap(), deleted: deleted, seeds: parents, documents: IDSet(docs), into: &change)
         return change
     }
 
@@ -433,6 +445,7 @@ final class Store {
 
     func clear() {
         commit()
+        for rec in entities.values { rec.resident = false }
         entities = [:]
         documents = [:]
         referrers = [:]
@@ -446,7 +459,7 @@ final class Store {
     /// Re-materializes every entity and document that holds a changed one,
     /// children before parents, and records what changed.
     private func propagate(
-        from changed: IDSet,
+        from changed: [(String, EntityRecord?)],
         skipping written: EntityMap,
         deleted: Set<String>,
         seeds extraSeeds: Set<String> = [],
@@ -497,7 +510,7 @@ final class Store {
             toRefresh.append((id, rec))
             seeds.append((id, rec))
         }
-        for id in changed { visit(id, entities[id], false) }
+        for (id, rec) in changed { visit(id, rec, false) }
         for (id, rec) in seeds { visit(id, rec, true) }
         while let (id, rec, isRefreshed) = queue.popLast() { visit(id, rec, isRefreshed) }
         // Children first: a DFS over the marked records, refreshing on the
@@ -606,8 +619,13 @@ final class Store {
     }
 
     /// `verbatim`: `value` is a subtree of the request as it came (see `EntityRecord.reshaped`).
-    private func setEntity(_ id: String, _ value: JSON, verbatim: Bool = false) {
-        let resident = entities[id]
+    /// `resident`: the record under `id` when the caller has looked it up. Returns the record now resident.
+    @discardableResult
+    private func setEntity(_ id: String, _ value: JSON, verbatim: Bool = false) -> EntityRecord {
+        setEntity(id, value, resident: entities[id], verbatim: verbatim)
+    }
+
+    private func setEntity(_ id: String, _ value: JSON, resident: EntityRecord?, verbatim: Bool) -> EntityRecord {
         var absentEntry = -1
         if let resident {
             journal(resident, id)
@@ -626,6 +644,7 @@ final class Store {
                 rec.children = newChildren
             }
             rec.value = value
+            return rec
         } else {
             let rec = EntityRecord(value: value, children: newChildren)
             rec.journalIndex = Int32(absentEntry)
@@ -634,7 +653,9 @@ final class Store {
             markMutation(rec, mark)
             writtenInMutation.append((id, rec))
             entities[id] = rec
+            rec.resident = true
             for (c, n) in newChildren { adjustReferrer(of: c, entity: id, by: n) }
+            return rec
         }
     }
 
@@ -657,6 +678,7 @@ final class Store {
             _ = journalAbsent(id)
             return
         }
+        rec.resident = false
         journal(rec, id)
         journaledAbsent[id] = Int(rec.journalIndex)
         for (c, n) in rec.children { adjustReferrer(of: c, entity: id, by: -n) }
@@ -732,6 +754,7 @@ extension Store {
         for (id, rec) in entities {
             let held = (referrers[id] == nil ? 0 : EntityRecord.heldByEntities) | (documentReferrers[id] == nil ? 0 : EntityRecord.heldByDocuments)
             if rec.held != held { note("entity \(id): held flags \(rec.held) but the referrer indexes say \(held)") }
+            if !rec.resident { note("entity \(id): resident but its record says it is not") }
             let children = tree.nestedEntities(rec.value)
             if children != rec.children { note("entity \(id): children \(rec.children) but its value holds \(children)") }
             for (c, n) in rec.children {

@@ -279,7 +279,7 @@ struct Tree {
     /// the same length, each identity at the same place — else nil. The
     /// changed identities in pre-order, each once (one identity has one
     /// version in a tree, so its first occurrence decides for all).
-    func changedInSameShape(_ old: JSON, _ new: JSON) -> [String]? {
+    func changedInSameShape(_ old: JSON, _ new: JSON, valueChanged: IDSet? = nil) -> [String]? {
         var changed: [String] = []
         var listed: Set<String> = []  // past 16 changed identities, not to scan them
         var mismatch = false
@@ -305,6 +305,9 @@ struct Tree {
                     mismatch = true
                     return false
                 }
+                // The same entity in both, and the mutation did not change it:
+                // one value, so one shape too (see `diff`).
+                if let id, let valueChanged, !valueChanged.contains(id) { return true }
                 let at = changed.count
                 var equal = true
                 for i in am.indices {
@@ -350,11 +353,19 @@ struct Tree {
 
     /// `changed`: identities in `new` whose value differs from `old` or that are new;
     /// `deleted`: identities of `old` absent from `new`. Both in pre-order.
-    func diff(old: JSON?, new: JSON?) -> (changed: [String], deleted: [String]) {
+    ///
+    /// `valueChanged`: given when `old` and `new` are materialized with the
+    /// store's entities before and after one mutation, which changed exactly
+    /// these (`StoreChange.valueChanged`): an entity not in it has the same
+    /// value in both trees, so its subtree is not compared.
+    func diff(old: JSON?, new: JSON?, valueChanged: IDSet? = nil) -> (changed: [String], deleted: [String]) {
         // Common case first: the same shape (a value changed, the identities
         // did not move): one walk of both trees, no hashing, no lists of
         // occurrences; unchanged subtrees share buffers and are skipped.
-        if let old, let new, let changed = changedInSameShape(old, new) { return (changed, []) }
+        if let old, let new, let changed = changedInSameShape(old, new, valueChanged: valueChanged) {
+            assert(valueChanged == nil || changedInSameShape(old, new) == changed, "an entity the mutation did not change kept its value")
+            return (changed, [])
+        }
         return diffByIdentities(old: old, new: new)
     }
 
