@@ -187,7 +187,7 @@ extension Engine {
             let v = store.entity(id)
             writes.append(StorageWrite(key: RecordCodec.entityKey(id), value: v.map { .entity($0) }, changedAt: versions.entities[id] ?? 0))
         }
-        for key in store.documentJournal.keys {
+        for (key, _) in store.documentJournal {
             let v = store.document(key)
             writes.append(StorageWrite(key: RecordCodec.documentKey(key), value: v.map { .document($0) }, changedAt: versions.documents[key] ?? 0))
         }

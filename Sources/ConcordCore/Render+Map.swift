@@ -70,8 +70,7 @@ extension Engine {
             // Running subscribers of a key always hold the document as of the
             // last mutation, so "what they last got" is the store's value before
             // this one (the view keeps no copy).
-            let new = store.document(view.key)
-            let old = store.documentBeforeMutation(view.key)
+            let (new, old) = store.documentNowAndBefore(view.key)
             assert(known == nil || known! == (old != new), "a net change set says whether the document changed")
             let changed = known ?? (old != new)
             guard forced || changed else { return .none }

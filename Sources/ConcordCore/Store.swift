@@ -58,6 +58,10 @@ final class EntityRecord {
 final class DocumentRecord {
     var value: JSON
     var children: Children
+    /// The mutation generation that journaled this key (`Store.mutationGeneration`),
+    /// and where its entry is in `Store.documentJournal` (valid while that generation runs).
+    var journalMark: UInt64 = 0
+    var journalIndex: Int32 = 0
 
     init(value: JSON, children: Children) {
         self.value = value
@@ -138,7 +142,11 @@ final class Store {
     /// `journaledAbsent`.
     private(set) var entityJournal: [(id: String, old: JSON?)] = []
     private var journaledAbsent: [String: Int] = [:]
-    private(set) var documentJournal: [String: JSON?] = [:]
+    /// Documents: likewise one entry per key, in first-touch order; a
+    /// resident record finds its entry by `journalIndex`, a key with none by
+    /// `journaledAbsentDocuments`.
+    private(set) var documentJournal: [(key: String, old: JSON?)] = []
+    private var journaledAbsentDocuments: [String: Int] = [:]
 
     init(idKey: String) {
         tree = Tree(idKey: idKey)
@@ -195,6 +203,7 @@ final class Store {
         if !entityJournal.isEmpty { entityJournal.removeAll(keepingCapacity: true) }
         if !journaledAbsent.isEmpty { journaledAbsent.removeAll(keepingCapacity: true) }
         if !documentJournal.isEmpty { documentJournal.removeAll(keepingCapacity: true) }
+        if !journaledAbsentDocuments.isEmpty { journaledAbsentDocuments.removeAll(keepingCapacity: true) }
         if !collectionUndo.isEmpty { collectionUndo.removeAll(keepingCapacity: true) }
         if !collectionChanges.isEmpty { collectionChanges.removeAll(keepingCapacity: true) }
         if !collectionsChanged.isEmpty { collectionsChanged.removeAll(keepingCapacity: true) }
@@ -250,8 +259,30 @@ final class Store {
 
     /// The document under `key` before the running mutation (nil: absent).
     func documentBeforeMutation(_ key: String) -> JSON? {
-        if let j = documentJournal[key] { return j }
-        return documents[key]?.value
+        documentNowAndBefore(key).before
+    }
+
+    /// The document under `key` now and before the running mutation, with one lookup.
+    func documentNowAndBefore(_ key: String) -> (now: JSON?, before: JSON?) {
+        if let doc = documents[key] {
+            return (doc.value, doc.journalMark == mutationGeneration ? documentJournal[Int(doc.journalIndex)].old : doc.value)
+        }
+        if let i = journaledAbsentDocuments[key] { return (nil, documentJournal[i].old) }
+        return (nil, nil)
+    }
+
+    /// Journals the document under `key` (its record `doc`, nil when none is
+    /// resident) unless the running mutation already did.
+    private func journalDocument(_ doc: DocumentRecord?, _ key: String) {
+        if let doc {
+            guard doc.journalMark != mutationGeneration else { return }
+            doc.journalMark = mutationGeneration
+            doc.journalIndex = Int32(documentJournal.count)
+            documentJournal.append((key, doc.value))
+        } else if journaledAbsentDocuments[key] == nil {
+            journaledAbsentDocuments[key] = documentJournal.count
+            documentJournal.append((key, nil))
+        }
     }
 
     func entity(_ id: String) -> JSON? { entities[id]?.value }
@@ -386,8 +417,7 @@ final class Store {
         }
         if let key = u.key {
             let value = tree.substituteAny(u.model) { entities[$0]?.value }.0
-            let old = documents[key]?.value
-            setDocument(key, value)
+            let old = setDocument(key, value)
             if old == nil || old! != value { change.documentsChanged.insert(key) }
             if u.force { change.documentsForced.insert(key) }
         }
@@ -434,10 +464,10 @@ final class Store {
 
     func deleteDocument(_ key: String) -> StoreChange {
         var change = StoreChange()
-        if documents[key] != nil {
-            setDocument(key, nil)
-        } else if documentJournal[key] == nil {
-            documentJournal[key] = .some(nil)  // the backend may hold it
+        if let doc = documents[key] {
+            setDocument(key, nil, resident: doc)
+        } else {
+            journalDocument(nil, key)  // the backend may hold it
         }
         change.documentsDeleted.insert(key)
         return change
@@ -560,7 +590,7 @@ final class Store {
             guard let doc = documents[key] else { continue }
             let old = doc.value
             if let root = old.identity(idKey: tree.idKey), deleted.contains(root) {
-                setDocument(key, nil)
+                setDocument(key, nil, resident: doc)
                 change.documentsDeleted.insert(key)
                 continue
             }
@@ -579,7 +609,7 @@ final class Store {
                 new = .null
             }
             if old != new {
-                setDocument(key, new)
+                setDocument(key, new, resident: doc)
                 change.documentsChanged.insert(key)
             }
         }
@@ -669,7 +699,7 @@ final class Store {
 
     /// The document's top-most entities re-substituted: same children.
     private func refreshDocument(_ doc: DocumentRecord, _ key: String, _ value: JSON) {
-        if documentJournal[key] == nil { documentJournal[key] = .some(doc.value) }
+        journalDocument(doc, key)
         doc.value = value
     }
 
@@ -684,23 +714,42 @@ final class Store {
         for (c, n) in rec.children { adjustReferrer(of: c, entity: id, by: -n) }
     }
 
-    private func setDocument(_ key: String, _ value: JSON?) {
-        let old = documents[key]
-        if documentJournal[key] == nil { documentJournal[key] = .some(old?.value) }
+    /// Returns the value it had.
+    @discardableResult
+    private func setDocument(_ key: String, _ value: JSON?) -> JSON? {
+        setDocument(key, value, resident: documents[key])
+    }
+
+    /// `resident`: the record under `key` (looked up by the caller).
+    @discardableResult
+    private func setDocument(_ key: String, _ value: JSON?, resident old: DocumentRecord?) -> JSON? {
+        journalDocument(old, key)
+        let before = old?.value
         let newChildren = value.map { tree.topEntities($0) } ?? Children()
         if let old, let value, old.children == newChildren {
             old.value = value
-            return
+            return before
         }
         if let old {
             for (c, n) in old.children { adjustDocumentReferrer(of: c, key: key, by: -n) }
         }
         if let value {
-            documents[key] = DocumentRecord(value: value, children: newChildren)
+            let doc = DocumentRecord(value: value, children: newChildren)
+            // The key's journal entry moves to the new record.
+            if let old {
+                doc.journalMark = old.journalMark
+                doc.journalIndex = old.journalIndex
+            } else if let i = journaledAbsentDocuments.removeValue(forKey: key) {
+                doc.journalMark = mutationGeneration
+                doc.journalIndex = Int32(i)
+            }
+            documents[key] = doc
             for (c, n) in newChildren { adjustDocumentReferrer(of: c, key: key, by: n) }
         } else {
             documents[key] = nil
+            if let old { journaledAbsentDocuments[key] = Int(old.journalIndex) }
         }
+        return before
     }
 
     private func adjustReferrer(of child: String, entity: String, by n: Int) {
