@@ -36,11 +36,14 @@ public struct JSONObject: Sendable {
     /// The value of member `key`, or nil.
     @inlinable public subscript(key: String) -> JSON? {
         get {
-            for m in members where m.key == key { return m.value }
+            // By index (no member copied out), lengths first (a mismatch
+            // of small strings is otherwise a call into the runtime).
+            let ms = members
+            for i in ms.indices where sameName(ms[i].key, key) { return ms[i].value }
             return nil
         }
         set {
-            if let i = members.firstIndex(where: { $0.key == key }) {
+            if let i = members.firstIndex(where: { sameName($0.key, key) }) {
                 if let v = newValue { members[i].value = v } else { members.remove(at: i) }
             } else if let v = newValue {
                 members.append(Member(key: key, value: v))
@@ -329,7 +332,7 @@ extension JSONObject {
     @inlinable public func identity(idKey: String) -> String? {
         // By index: the members are not copied out one by one.
         let ms = members
-        for i in ms.indices where ms[i].key == idKey {
+        for i in ms.indices where sameName(ms[i].key, idKey) {
             switch ms[i].value {
             case .string(let s): return s.isEmpty ? nil : s
             case .number(let n): return n.integerText
@@ -390,4 +393,11 @@ extension JSON {
             return false
         }
     }
+}
+
+/// Whether two member names are equal: lengths first (O(1) for native
+/// strings), so most mismatches never reach the runtime's string comparison.
+@inlinable @inline(__always)
+public func sameName(_ a: String, _ b: String) -> Bool {
+    a.utf8.count == b.utf8.count && a == b
 }

