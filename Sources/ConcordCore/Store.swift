@@ -106,9 +106,18 @@ final class Store {
     let tree: Tree
     private(set) var entities: [String: EntityRecord] = [:]
     private(set) var documents: [String: DocumentRecord] = [:]
-    /// Entity → the entities that reference it directly (with counts). Kept
-    /// apart from the records: a reference may precede its target.
-    private var referrers: [String: [String: Int]] = [:]
+    /// Entity → the entities that reference it directly, each with its
+    /// record and how often (propagation reaches a holder's record without
+    /// looking it up). Kept apart from the records: a reference may precede
+    /// its target. Holders are resident (the index is kept from resident
+    /// records' children).
+    private var referrers: [String: [String: Holding]] = [:]
+
+    /// A holder in `referrers`.
+    struct Holding {
+        let record: EntityRecord
+        var count: Int
+    }
     /// Entity → the documents that hold it as a top-most entity.
     private var documentReferrers: [String: [String: Int]] = [:]
     /// Ordered collections of entity references (Store+Collections.swift).
@@ -408,7 +417,7 @@ final class Store {
             var docs: Set<String> = []
             var queue = Array(written)
             while let id = queue.popLast() {
-                    for r in (referrers[id] ?? [:]).keys where holders.insert(r).inserted { queue.append(r) }
+                for r in (referrers[id] ?? [:]).keys where holders.insert(r).inserted { queue.append(r) }
                 docs.formUnion((documentReferrers[id] ?? [:]).keys)
             }
             change.forcedHolders = IDSet(holders)
@@ -526,8 +535,9 @@ final class Store {
                 for (w, _) in written { entities[w]?.mark(generation, .done) }
             }
             if isRefreshed { chained = true }
-            for r in holders.keys {
-                guard let rec = entities[r], rec.walkGeneration != generation else { continue }
+            for (r, h) in holders {
+                let rec = h.record
+                guard rec.walkGeneration != generation else { continue }
                 rec.mark(generation, .pending)
                 toRefresh.append((r, rec))
                 queue.append((r, rec, true))
@@ -669,8 +679,8 @@ final class Store {
             if !writtenInThisMutation(rec) { writtenInMutation.append((id, rec)) }
             markMutation(rec, mark)
             if rec.children != newChildren {
-                for (c, n) in rec.children { adjustReferrer(of: c, entity: id, by: -n) }
-                for (c, n) in newChildren { adjustReferrer(of: c, entity: id, by: n) }
+                for (c, n) in rec.children { adjustReferrer(of: c, entity: id, rec, by: -n) }
+                for (c, n) in newChildren { adjustReferrer(of: c, entity: id, rec, by: n) }
                 rec.children = newChildren
             }
             rec.value = value
@@ -684,7 +694,7 @@ final class Store {
             writtenInMutation.append((id, rec))
             entities[id] = rec
             rec.resident = true
-            for (c, n) in newChildren { adjustReferrer(of: c, entity: id, by: n) }
+            for (c, n) in newChildren { adjustReferrer(of: c, entity: id, rec, by: n) }
             return rec
         }
     }
@@ -711,7 +721,7 @@ final class Store {
         rec.resident = false
         journal(rec, id)
         journaledAbsent[id] = Int(rec.journalIndex)
-        for (c, n) in rec.children { adjustReferrer(of: c, entity: id, by: -n) }
+        for (c, n) in rec.children { adjustReferrer(of: c, entity: id, rec, by: -n) }
     }
 
     /// Returns the value it had.
@@ -752,8 +762,12 @@ final class Store {
         return before
     }
 
-    private func adjustReferrer(of child: String, entity: String, by n: Int) {
-        let held = Self.adjust(&referrers, child, entity, n)
+    private func adjustReferrer(of child: String, entity: String, _ record: EntityRecord, by n: Int) {
+        var holders = referrers.removeValue(forKey: child) ?? [:]
+        let v = (holders[entity]?.count ?? 0) + n
+        holders[entity] = v > 0 ? Holding(record: record, count: v) : nil
+        let held = !holders.isEmpty
+        if held { referrers[child] = holders }
         entities[child]?.setHeld(EntityRecord.heldByEntities, held)
     }
 
@@ -815,7 +829,12 @@ extension Store {
                 note("entity \(id) is not materialized with its children's current values")
             }
         }
-        if expectedReferrers != referrers { note("the referrer index disagrees with the records' children") }
+        if expectedReferrers != referrers.mapValues({ $0.mapValues(\.count) }) { note("the referrer index disagrees with the records' children") }
+        for (child, holders) in referrers {
+            for (h, holding) in holders where entities[h] !== holding.record {
+                note("the referrer index holds a record of \(h) (holding \(child)) that is not the resident one")
+            }
+        }
         var expectedDocReferrers: [String: [String: Int]] = [:]
         for (key, doc) in documents {
             let children = tree.topEntities(doc.value)
