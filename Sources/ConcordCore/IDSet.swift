@@ -3,13 +3,14 @@
 /// mutation changed is almost always one entity and one document, and a
 /// `Set<String>` cost an allocation and a hash (~300 instructions) per
 /// member for each of `StoreChange`'s sets. Membership of the inline one is
-/// an equality test (a small `String` compares as two words).
+/// an equality test (a small `String` compares as two words); the others
+/// are in an `IDTable` (a cheaper hash than `Set`'s).
 ///
-/// Iteration order is not meaningful, as a `Set`'s is not: callers that
-/// emit output sort first. No removal: a change set only grows.
+/// Iteration is in insertion order (the same on every run), but callers
+/// that emit output sort first. No removal: a change set only grows.
 struct IDSet: Sequence, ExpressibleByArrayLiteral {
     private var first: String?
-    private var rest: Set<String> = []
+    private var rest = IDTable<Void>()
 
     init() {}
 
@@ -38,7 +39,7 @@ struct IDSet: Sequence, ExpressibleByArrayLiteral {
             return (true, e)
         }
         if f == e { return (false, f) }
-        return rest.insert(e)
+        return (rest.insert(e, ()), e)
     }
 
     mutating func formUnion<S: Sequence<String>>(_ other: S) {
@@ -57,19 +58,22 @@ struct IDSet: Sequence, ExpressibleByArrayLiteral {
 
     struct Iterator: IteratorProtocol {
         fileprivate var first: String?
-        fileprivate var rest: Set<String>.Iterator
+        fileprivate let rest: [String]
+        fileprivate var i = 0
 
         mutating func next() -> String? {
             if let e = first {
                 first = nil
                 return e
             }
-            return rest.next()
+            guard i < rest.count else { return nil }
+            defer { i += 1 }
+            return rest[i]
         }
     }
 
     func makeIterator() -> Iterator {
-        Iterator(first: first, rest: rest.makeIterator())
+        Iterator(first: first, rest: rest.keys)
     }
 
     var underestimatedCount: Int { count }

@@ -104,8 +104,8 @@ struct StoreChange {
 /// the schema. Deterministic and single-threaded; the engine owns it.
 final class Store {
     let tree: Tree
-    private(set) var entities: [String: EntityRecord] = [:]
-    private(set) var documents: [String: DocumentRecord] = [:]
+    private(set) var entities = IDTable<EntityRecord>()
+    private(set) var documents = IDTable<DocumentRecord>()
     /// Entity → the entities that reference it directly, each with its
     /// record and how often (propagation reaches a holder's record without
     /// looking it up). Kept apart from the records: a reference may precede

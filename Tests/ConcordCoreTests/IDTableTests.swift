@@ -1,0 +1,90 @@
+import Testing
+
+@testable import ConcordCore
+
+/// IDTable against a Dictionary under random inserts, replacements and
+/// removals (backward-shift deletion, the dense arrays' moves, growth and
+/// shrinking included), and IDSet on top of it.
+struct IDTableTests {
+    @Test func agreesWithADictionary() {
+        var rng = SplitMix(seed: 7)
+        var table = IDTable<Int>()
+        var model: [String: Int] = [:]
+        // Few distinct names, so removals and re-insertions are frequent;
+        // lengths across the 8-byte words and small/large strings.
+        let names = (0..<600).map { i in String(repeating: "p", count: i % 23) + "E:\(i)" }
+        var maxCapacity = 0
+        for step in 0..<60_000 {
+            let name = names[rng.next() % (step < 30_000 ? names.count : 40)]
+            switch rng.next() % 7 {
+            case 0, 1, 2:
+                let v = rng.next()
+                #expect(table.updateValue(v, forKey: name) == model.updateValue(v, forKey: name))
+            case 3:
+                #expect(table.insert(name, -1) == (model[name] == nil))
+                if model[name] == nil { model[name] = -1 }
+            case 4, 5:
+                #expect(table.removeValue(forKey: name) == model.removeValue(forKey: name))
+            default:
+                #expect(table[name] == model[name])
+                #expect(table.contains(name) == (model[name] != nil))
+            }
+            maxCapacity = max(maxCapacity, table.capacity)
+            if step % 5000 == 0 {
+                #expect(table.count == model.count)
+                for (k, v) in table { #expect(model[k] == v) }
+            }
+        }
+        #expect(table.count == model.count)
+        #expect(Dictionary(uniqueKeysWithValues: table.map { ($0.key, $0.value) }) == model)
+        for n in names { #expect(table[n] == model[n]) }
+        // It grew for the many, and shrank again for the few.
+        #expect(maxCapacity >= 1024)
+        #expect(table.capacity <= 8 * max(model.count, 8))
+    }
+
+    @Test func copiesAreValues() {
+        var a = IDTable<Int>()
+        for i in 0..<100 { a.updateValue(i, forKey: "k\(i)") }
+        var b = a
+        b.removeValue(forKey: "k1")
+        b.updateValue(-5, forKey: "k2")
+        b.updateValue(7, forKey: "new")
+        #expect(a.count == 100 && a["k1"] == 1 && a["k2"] == 2 && a["new"] == nil)
+        #expect(b.count == 100 && b["k1"] == nil && b["k2"] == -5 && b["new"] == 7)
+        var c = a
+        c.removeAll(keepingCapacity: true)
+        #expect(c.isEmpty && c["k3"] == nil && a["k3"] == 3)
+        var s1: IDSet = ["a", "b", "c"]
+        let s2 = s1
+        s1.insert("d")
+        #expect(s2.count == 3 && !s2.contains("d") && s1.contains("d"))
+    }
+
+    @Test func iterationIsInsertionOrderWithoutRemovals() {
+        var table = IDTable<Int>()
+        for i in 0..<1000 { table.updateValue(i, forKey: "k\(i)") }
+        #expect(table.map(\.value) == Array(0..<1000))
+        var set = IDSet()
+        for i in (0..<50).reversed() { set.insert("s\(i)") }
+        #expect(Array(set) == (0..<50).reversed().map { "s\($0)" })
+    }
+
+    @Test func idSetAgreesWithASet() {
+        var rng = SplitMix(seed: 11)
+        var a = IDSet(), b = IDSet()
+        var sa: Set<String> = [], sb: Set<String> = []
+        for _ in 0..<3000 {
+            let n = "E:\(rng.next() % 300)"
+            if rng.next() % 2 == 0 {
+                #expect(a.insert(n).inserted == sa.insert(n).inserted)
+            } else {
+                #expect(b.insert(n).inserted == sb.insert(n).inserted)
+            }
+        }
+        #expect(Set(a) == sa && a.count == sa.count)
+        #expect(Set(a.union(b)) == sa.union(sb))
+        for i in 0..<300 { #expect(a.contains("E:\(i)") == sa.contains("E:\(i)")) }
+        #expect(a == IDSet(sa) && a != b)
+    }
+}
