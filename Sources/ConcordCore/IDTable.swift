@@ -176,6 +176,24 @@ struct IDTable<Value> {
         return true
     }
 
+    /// Changes the value under `key` in place (`initial` first when absent:
+    /// no copy of a value that is itself copy-on-write), and removes the key
+    /// when `body` returns false. Returns whether the key is there afterwards.
+    @discardableResult
+    mutating func modify(_ key: String, default initial: @autoclosure () -> Value, _ body: (inout Value) -> Bool) -> Bool {
+        let s = unique()
+        let h = IDHash.of(key)
+        var (slot, found) = s.prepareInsert(key, h)
+        if found == nil {
+            s.append(key, initial(), h, at: slot)
+            found = s.keys.count - 1
+        }
+        let entry = found!
+        if body(&s.values[entry]) { return true }
+        _ = s.remove(slot: slot, entry: entry)
+        return false
+    }
+
     @discardableResult
     mutating func removeValue(forKey key: String) -> Value? {
         guard let s0 = storage, !s0.keys.isEmpty else { return nil }

@@ -26,7 +26,7 @@ struct NameTable<Element: Named> {
     var capacity: Int { buckets.count }
 
     @inline(__always)
-    private static func home(_ name: String, _ mask: Int) -> Int { name.hashValue & mask }
+    private static func home(_ name: String, _ mask: Int) -> Int { Int(IDHash.of(name)) & mask }
 
     /// The index of `name`'s bucket, or nil.
     private func find(_ name: String) -> Int? {

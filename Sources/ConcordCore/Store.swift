@@ -111,7 +111,7 @@ final class Store {
     /// looking it up). Kept apart from the records: a reference may precede
     /// its target. Holders are resident (the index is kept from resident
     /// records' children).
-    private var referrers: [String: [String: Holding]] = [:]
+    private var referrers = IDTable<[String: Holding]>()
 
     /// A holder in `referrers`.
     struct Holding {
@@ -119,7 +119,7 @@ final class Store {
         var count: Int
     }
     /// Entity → the documents that hold it as a top-most entity.
-    private var documentReferrers: [String: [String: Int]] = [:]
+    private var documentReferrers = IDTable<[String: Int]>()
     /// Ordered collections of entity references (Store+Collections.swift).
     var collections: [String: CollectionRecord] = [:]
     /// Entity → the collections holding it, with occurrence counts.
@@ -763,28 +763,23 @@ final class Store {
     }
 
     private func adjustReferrer(of child: String, entity: String, _ record: EntityRecord, by n: Int) {
-        var holders = referrers.removeValue(forKey: child) ?? [:]
-        let v = (holders[entity]?.count ?? 0) + n
-        holders[entity] = v > 0 ? Holding(record: record, count: v) : nil
-        let held = !holders.isEmpty
-        if held { referrers[child] = holders }
+        let held = referrers.modify(child, default: [:]) { holders in
+            let v = (holders[entity]?.count ?? 0) + n
+            holders[entity] = v > 0 ? Holding(record: record, count: v) : nil
+            return !holders.isEmpty
+        }
         entities[child]?.setHeld(EntityRecord.heldByEntities, held)
     }
 
     private func adjustDocumentReferrer(of child: String, key: String, by n: Int) {
-        let held = Self.adjust(&documentReferrers, child, key, n)
+        let held = documentReferrers.modify(child, default: [:]) { holders in
+            let v = (holders[key] ?? 0) + n
+            holders[key] = v > 0 ? v : nil
+            return !holders.isEmpty
+        }
         entities[child]?.setHeld(EntityRecord.heldByDocuments, held)
     }
 
-    /// Whether `child` is still held by someone afterwards.
-    private static func adjust(_ index: inout [String: [String: Int]], _ child: String, _ holder: String, _ n: Int) -> Bool {
-        var holders = index.removeValue(forKey: child) ?? [:]
-        let v = (holders[holder] ?? 0) + n
-        holders[holder] = v > 0 ? v : nil
-        if holders.isEmpty { return false }
-        index[child] = holders
-        return true
-    }
 }
 
 func clipID(_ s: String) -> String {
@@ -829,7 +824,7 @@ extension Store {
                 note("entity \(id) is not materialized with its children's current values")
             }
         }
-        if expectedReferrers != referrers.mapValues({ $0.mapValues(\.count) }) { note("the referrer index disagrees with the records' children") }
+        if expectedReferrers != Dictionary(uniqueKeysWithValues: referrers.map { ($0.key, $0.value.mapValues(\.count)) }) { note("the referrer index disagrees with the records' children") }
         for (child, holders) in referrers {
             for (h, holding) in holders where entities[h] !== holding.record {
                 note("the referrer index holds a record of \(h) (holding \(child)) that is not the resident one")
@@ -847,7 +842,7 @@ extension Store {
                 note("document \(key) is not materialized with its entities' current values")
             }
         }
-        if expectedDocReferrers != documentReferrers { note("the document referrer index disagrees with the documents") }
+        if expectedDocReferrers != Dictionary(uniqueKeysWithValues: documentReferrers.map { ($0.key, $0.value) }) { note("the document referrer index disagrees with the documents") }
         var expectedCollectionReferrers: [String: [String: Int]] = [:]
         for (name, c) in collections {
             if c.ids.count != c.values.count { note("collection \(name): \(c.ids.count) ids but \(c.values.count) values"); continue }
