@@ -43,6 +43,26 @@ struct IDTableTests {
         #expect(table.capacity <= 8 * max(model.count, 8))
     }
 
+    /// A few names in a small table: probe runs wrap around the end of the
+    /// slots, which backward-shift deletion has to handle.
+    @Test func smallTablesWrapAround() {
+        var rng = SplitMix(seed: 3)
+        var table = IDTable<Int>()
+        var model: [String: Int] = [:]
+        let names = (0..<7).map { "w\($0)" }
+        for _ in 0..<40_000 {
+            let name = names[rng.next() % names.count]
+            if rng.next() % 2 == 0 {
+                #expect(table.updateValue(1, forKey: name) == model.updateValue(1, forKey: name))
+            } else {
+                #expect(table.removeValue(forKey: name) == model.removeValue(forKey: name))
+            }
+            for n in names where table.contains(n) != (model[n] != nil) {
+                Issue.record("\(n) lost after an operation")
+            }
+        }
+    }
+
     @Test func copiesAreValues() {
         var a = IDTable<Int>()
         for i in 0..<100 { a.updateValue(i, forKey: "k\(i)") }
