@@ -199,10 +199,11 @@ final class Store {
 
     /// The records the running mutation wrote (not only refreshed), each
     /// once, in order; a record removed afterwards is still listed (check
-    /// that `id` still maps to it).
+    /// `isResident`).
     private(set) var writtenInMutation: [(id: String, record: EntityRecord)] = []
 
-    /// Whether `rec` is the record resident under `id`.
+    /// Whether `rec` is resident (in `entities`) — the records a mutation
+    /// listed may have been removed since.
     func isResident(_ rec: EntityRecord) -> Bool { rec.resident }
 
     /// Forgets the journal: the running mutation is committed.
