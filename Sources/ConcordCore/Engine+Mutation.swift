@@ -229,7 +229,9 @@ extension Engine {
             if shared == nil { shared = SharedEvent(event, seq, payload) }
             s.client.output.appendEvent(head: shared!.head, s, tail: shared!.tail)
         } else {
-            s.client.output.write { eventHeader(&$0, event, s, seq) }
+            if !s.client.output.appendEventHeader(event, s, seq: seq) {
+                s.client.output.write { eventHeader(&$0, event, s, seq) }
+            }
             s.client.output.append(shared: payload)
         }
         markDirty(s.client)
@@ -249,7 +251,9 @@ extension Engine {
             return
         }
         if origins.contains(ObjectIdentifier(s)) { return }
-        s.client.output.write { eventHeader(&$0, "entity", s, seq) }
+        if !s.client.output.appendEventHeader("entity", s, seq: seq) {
+            s.client.output.write { eventHeader(&$0, "entity", s, seq) }
+        }
         s.client.output.append(shared: payload)
         markDirty(s.client)
     }

@@ -160,6 +160,47 @@ public struct OutputQueue {
         if tail.last == 0x0A { lineCount += 1 }
     }
 
+    /// An event's header, `{"event":"…","sub":"…","seq":N`, written straight
+    /// into the block when the name needs no escaping (the usual case: no
+    /// writer, no scratch copy); false, and nothing written, otherwise.
+    mutating func appendEventHeader(_ event: StaticString, _ s: SubscriptionRecord, seq: Int) -> Bool {
+        guard s.nameIsPlain, seq >= 0 else { return false }
+        // The digits of seq, right-aligned in 24 bytes on the stack.
+        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)
+        var v = UInt64(seq), n = 0
+        withUnsafeMutableBytes(of: &digits) { d in
+            repeat {
+                d[23 - n] = 0x30 + UInt8(v % 10)
+                v /= 10
+                n += 1
+            } while v > 0
+        }
+        let open: StaticString = "{\"event\":\"", sub: StaticString = "\",\"sub\":", seqName: StaticString = ",\"seq\":"
+        var name = s.name
+        name.withUTF8 { nm in
+            let total = open.utf8CodeUnitCount + event.utf8CodeUnitCount + sub.utf8CodeUnitCount + nm.count + 2
+                + seqName.utf8CodeUnitCount + n
+            var p = space(total)
+            @inline(__always) func put(_ from: UnsafeRawPointer?, _ count: Int) {
+                if count > 0, let from { p.copyMemory(from: from, byteCount: count) }
+                p += count
+            }
+            put(open.utf8Start, open.utf8CodeUnitCount)
+            put(event.utf8Start, event.utf8CodeUnitCount)
+            put(sub.utf8Start, sub.utf8CodeUnitCount)
+            p.storeBytes(of: 0x22, as: UInt8.self)
+            p += 1
+            put(nm.baseAddress, nm.count)
+            p.storeBytes(of: 0x22, as: UInt8.self)
+            p += 1
+            put(seqName.utf8Start, seqName.utf8CodeUnitCount)
+            withUnsafeBytes(of: &digits) { d in put(d.baseAddress! + 24 - n, n) }
+            filled += total
+            byteCount += total
+        }
+        return true
+    }
+
     /// Shared payloads up to this size are copied into the connection's own
     /// bytes rather than referenced: a copy of a few hundred bytes costs less
     /// than a reference (retain, a part, an iovec, a release after the write).

@@ -87,6 +87,29 @@ struct OutputQueueTests {
         #expect(maxBlock >= OutputQueue.maxBlock / 2)
     }
 
+    @Test func eventHeadersWrittenInPlaceAreTheWritersBytes() {
+        let client = ClientSession(id: 1, flow: ConnectionFlow())
+        var rng = SplitMix(seed: 5)
+        let names = ["k0", "", "a name with spaces", String(repeating: "x", count: 300), "é and ü", "q\"uote", "back\\slash"]
+        for name in names {
+            let s = SubscriptionRecord(client: client, name: name, kind: .ids([]))
+            for seq in [0, 9, 10, 99, 100, 123_456_789, Int.max, rng.next()] {
+                var queue = OutputQueue()
+                let inPlace = queue.appendEventHeader("update", s, seq: seq)
+                #expect(inPlace == s.nameIsPlain)
+                guard inPlace else { continue }
+                var w = JSONWriter()
+                w.raw("{\"event\":\"update\",\"sub\":")
+                s.writeName(&w)
+                w.raw(",\"seq\":")
+                w.int(seq)
+                #expect(queue.byteCount == w.bytes.count)
+                let got = queue.take().flatMap { Array(UnsafeRawBufferPointer(start: $0.base, count: $0.count)) }
+                #expect(got == w.bytes)
+            }
+        }
+    }
+
     @Test func aQuietConnectionKeepsAtMostASmallBlock() {
         var queue = OutputQueue()
         // A burst grows the blocks...
