@@ -167,6 +167,7 @@ extension Engine {
         let plan = planRender(effects: effects, change: change, net: net)
         let results = mapRender(plan, effects: effects, seq: seq, origins: origins, context: context, valueChanged: change.valueChanged)
         enqueueRender(plan, results, change: change, seq: seq, origins: origins, context: context)
+        results.reset(count: 0)  // what the slots held is queued (or dropped) by now
     }
 
     /// The fixed order of subscriptions within one mutation's events: by

@@ -117,6 +117,8 @@ public final class Engine {
     let store: Store
     var tree: Tree { store.tree }
     let parser: JSONParser
+    /// The render map step's slots, reused by every mutation (Render+Map.swift).
+    let renderResults = RenderResults(count: 0)
 
     var clients: [ConnectionID: ClientSession] = [:]
     var dirtyClients: [ClientSession] = []

@@ -19,17 +19,32 @@ struct ModelRender {
 /// The map step's output: one slot per job, each written by exactly one
 /// work item (possibly on another thread), read by the enqueue step after
 /// the executor returned. Owns its memory; the slots are never resized
-/// while the step runs.
+/// while the step runs. The engine keeps one and resets it per mutation
+/// (no allocation per mutation once it is big enough).
 final class RenderResults: @unchecked Sendable {
     // Sendable: slot i is written only by item i, and read only after the
     // executor's forEach returned (which orders the writes before the reads).
-    private let slots: UnsafeMutablePointer<Rendered>
-    let count: Int
+    private var slots: UnsafeMutablePointer<Rendered>
+    private var capacity: Int
+    private(set) var count: Int
 
     init(count: Int) {
         self.count = count
-        slots = .allocate(capacity: Swift.max(count, 1))
+        capacity = Swift.max(count, 1)
+        slots = .allocate(capacity: capacity)
         slots.initialize(repeating: .none, count: count)
+    }
+
+    /// Empties every slot (releasing what it held) and makes `n` empty ones.
+    func reset(count n: Int) {
+        slots.deinitialize(count: count)
+        if n > capacity {
+            slots.deallocate()
+            capacity = Swift.max(n, capacity * 2)
+            slots = .allocate(capacity: capacity)
+        }
+        slots.initialize(repeating: .none, count: n)
+        count = n
     }
 
     deinit {
@@ -51,7 +66,8 @@ extension Engine {
     /// not in it shows the same value before and after it in any document).
     func mapRender(_ plan: RenderPlan, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?,
                    valueChanged: IDSet) -> RenderResults {
-        let results = RenderResults(count: plan.jobs.count)
+        let results = renderResults
+        results.reset(count: plan.jobs.count)
         guard plan.renders else { return results }
         let jobs = plan.jobs
         executor.forEach(jobs.count) { i in

@@ -385,11 +385,16 @@ final class Store {
         return nil
     }
 
+    /// `apply`'s list of changed entities, kept (empty) between updates.
+    private var changedScratch: [(String, EntityRecord?)] = []
+
     /// Writes a prepared update and re-materializes everything that holds its entities.
     func apply(_ u: PreparedUpdate) -> StoreChange {
         var change = StoreChange()
-        // The changed ones with their records, for propagation (no lookup again).
-        var changed: [(String, EntityRecord?)] = []
+        // The changed ones with their records, for propagation (no lookup
+        // again), in a list the store keeps for the next update.
+        var changed = changedScratch
+        changedScratch = []
         for (id, newValue) in u.values {
             let resident = entities[id]
             var isChanged = true
@@ -411,6 +416,8 @@ final class Store {
         }
         // The update's own document is rewritten below: propagation need not refresh it first.
         propagate(from: changed, skipping: u.values, deleted: [], except: u.key, into: &change)
+        changed.removeAll(keepingCapacity: true)
+        changedScratch = changed
         if u.force {
             let written = Set(u.values.ids)
             change.recordChanged.formUnion(written)
@@ -561,7 +568,6 @@ final class Store {
         // (Only when there is something to add: `changed` may share the set's
         // storage, and reserving would copy it.)
         if !toRefresh.isEmpty { change.valueChanged.reserveCapacity(change.valueChanged.count + toRefresh.count) }
-        let requiredFn: (String) -> Set<String>? = { self.required[$0] }
         let pruning = !deleted.isEmpty
         // Siblings usually hold the same changed child (an author's posts):
         // the last lookup is remembered, by identity.
@@ -587,7 +593,7 @@ final class Store {
                 assert(extraSeeds.isEmpty && old != new, "a referrer of a changed entity always changes")
                 refreshEntity(rec, id, new)
                 change.valueChanged.insert(id)
-            } else if case .kept(let new) = tree.prune(old, deleted: deleted, required: requiredFn, current: { current($0) }), old != new {
+            } else if case .kept(let new) = tree.prune(old, deleted: deleted, required: { self.required[$0] }, current: { current($0) }), old != new {
                 // Pruning deletes may drop nested identities: a full write.
                 setEntity(id, new)
                 change.valueChanged.insert(id)
