@@ -196,12 +196,12 @@ struct IDTable<Value> {
 
     @discardableResult
     mutating func removeValue(forKey key: String) -> Value? {
-        guard let s0 = storage, !s0.keys.isEmpty else { return nil }
-        let h = IDHash.of(key)
-        guard s0.find(key, h).entry != nil else { return nil }
-        let s = unique()
-        let (slot, entry) = s.find(key, h)
-        return s.remove(slot: slot, entry: entry!)
+        guard storage != nil, !storage!.keys.isEmpty else { return nil }
+        // Found before `unique()` (an absent key copies nothing); a copy has
+        // the same slots and entries, so the place found holds in it too.
+        let (slot, found) = storage!.find(key, IDHash.of(key))
+        guard let entry = found else { return nil }
+        return unique().remove(slot: slot, entry: entry)
     }
 
     mutating func removeAll(keepingCapacity: Bool = false) {
