@@ -461,15 +461,21 @@ case "subs":
     let shared = options.shared == "yes"
     for (ci, c) in conns.enumerated() {
         let count = min(perConn, n - ci * perConn)
-        var chunk: [UInt8] = []
-        for i in 0..<count {
-            let key = shared ? "k" : "k\(ci * perConn + i)"
-            chunk += Array((#"{"op":"subscribe","sub":"s\#(i)","key":"\#(key)"}"# + "\n").utf8)
-            if chunk.count > 1 << 16 { c.write(chunk); chunk.removeAll(keepingCapacity: true) }
+        // In rounds of 5,000 with the replies read between them: a client
+        // that writes without reading is paused by the server (flow control).
+        var i = 0
+        while i < count {
+            let m = min(5000, count - i)
+            var chunk: [UInt8] = []
+            for j in i..<(i + m) {
+                let key = shared ? "k" : "k\(ci * perConn + j)"
+                chunk += Array((#"{"op":"subscribe","sub":"s\#(j)","key":"\#(key)"}"# + "\n").utf8)
+            }
+            c.write(chunk)
+            var got = 0
+            c.readLines { _ in got += 1; return got < m }
+            i += m
         }
-        c.write(chunk)
-        var got = 0
-        c.readLines { _ in got += 1; return got < count }
     }
     let after = allocated()
     print(String(format: "%d key subscriptions (%@ keys): %.1f jemalloc bytes each (allocated %d → %d)",

@@ -5,6 +5,8 @@ import ConcordProtocol
 final class ClientSession {
     let id: ConnectionID
     var subs = NameTable<SubscriptionRecord>()
+    /// The paused subscriptions' states, by subscription (``SubscriptionRecord/pause``).
+    var pauses: [ObjectIdentifier: PauseState] = [:]
     var output = OutputQueue()
     var dirty = false
     /// Listed in `Engine.congested` (its queued bytes passed the soft limit since the last check).

@@ -149,11 +149,11 @@ extension Engine {
                     for i in view.ids where modelWatchers[i]?[ObjectIdentifier(view)] !== view {
                         note("\(name): \(i) is not indexed to its model view")
                     }
-                case .key(let view):
-                    if keyViews[view.key] !== view { note("\(name): key view \(view.key) is not the indexed one") }
+                case .key(let key):
                     var found = false
-                    view.forEach { if $0 === s { found = true } }
-                    if !found { note("\(name): not among its key view's subscribers") }
+                    keyViews[key]?.forEach { if $0 === s { found = true } }
+                    if !found { note("\(name): not among the subscribers of key \(key)") }
+                    if case .alone? = keyViews[key], s.slot != -1 { note("\(name): alone under its key but has slot \(s.slot)") }
                 case .collection(let view):
                     if collectionViews[view.name] !== view { note("\(name): collection view \(view.name) is not the indexed one") }
                     var found = false
@@ -186,10 +186,18 @@ extension Engine {
                 if !v.ids.contains(id) { note("\(id) is indexed to a model view that does not hold it") }
             }
         }
-        for view in keyViews.values {
-            let key = view.key
-            if view.isEmpty { note("key view \(key) has no subscriber") }
-            view.forEach { s in if s.client.subs[s.name] !== s { note("key view \(key) holds a closed subscription") } }
+        for entry in keyViews.values {
+            let key = entry.key
+            if case .shared(let view) = entry, !view.hasSeveral { note("key view \(key) has fewer than two subscribers (one is filed alone)") }
+            entry.forEach { s in
+                if s.client.subs[s.name] !== s { note("key \(key) holds a closed subscription") }
+                if s.cacheKey != key { note("key \(key) holds a subscription of another key") }
+            }
+        }
+        // A pause state belongs to a live subscription of its client.
+        for (id, c) in sessions where !c.pauses.isEmpty {
+            let live = Set(c.subs.values.map { ObjectIdentifier($0) })
+            for k in c.pauses.keys where !live.contains(k) { note("client \(id): a pause state of a subscription that ended") }
         }
         for view in collectionViews.values {
             let name = view.name

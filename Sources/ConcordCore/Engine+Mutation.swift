@@ -139,11 +139,11 @@ extension Engine {
             }
             if !client.subs.isEmpty { markDirty(client) }
             client.subs.removeAll()
+            client.pauses.removeAll()
             client.coalesced = []
         }
         modelWatchers = [:]
         // A shared view and its subscribers hold each other: break the links.
-        for v in keyViews.values { v.removeAll() }
         for v in collectionViews.values { v.removeAll() }
         keyViews.removeAll()
         collectionViews.removeAll()
@@ -185,22 +185,23 @@ extension Engine {
     }
 
     /// Ends every subscription of a shared view whose document or collection went away.
-    func endAll(_ view: SharedView, seq: Int, context: JSON?) {
+    /// The caller unfiles the view.
+    func endAll(_ view: some SubscriberList, seq: Int, context: JSON?) {
         view.forEach { s in
             s.client.output.append(deleteEventBytes(s, seq: seq, context: context))
             markDirty(s.client)
             s.client.subs[s.name] = nil
+            s.pause = nil
             s.slot = -1
             subscriptionCount -= 1
             subscriptionsByKind[s.kind.metricIndex] -= 1
         }
-        view.removeAll()
     }
 
     /// One shared payload to every running subscriber of a view, each with its own header.
     /// `changed`: false when a forced write changed nothing (a held-back
     /// subscription then keeps the context of the last real change, §5).
-    func send(_ payload: OutputBytes, to view: SharedView, event: StaticString, seq: Int, changed: Bool,
+    func send(_ payload: OutputBytes, to view: some SubscriberList, event: StaticString, seq: Int, changed: Bool,
                       origins: Set<ObjectIdentifier>, context: JSON?) {
         var shared: SharedEvent?
         let several = view.hasSeveral

@@ -33,15 +33,8 @@ extension Engine {
             }
             respond(c, rid: rid) { w in w.key("model"); w.value(value); w.key("seq"); w.int(seq) }
         case .key(let key):
-            let view: KeyView
-            if let v = keyViews[key] {
-                view = v
-            } else {
-                view = KeyView(key: key)
-                keyViews[key] = view
-            }
-            let s = SubscriptionRecord(client: c, name: name, kind: .key(view))
-            view.add(s)
+            let s = SubscriptionRecord(client: c, name: name, kind: .key(key))
+            addKeySubscriber(s, key)
             add(s, to: c)
             let v = store.document(key) ?? .null
             if let n = since, versions.document(key, present: !v.isNull) <= n, unchangedSince(n, entities: tree.identities(v).order) {
@@ -146,18 +139,53 @@ extension Engine {
         if c.coalescing != 0 { holdBack(s) }
     }
 
+    /// Files a key subscription under its key: alone while it is the key's
+    /// only one, in a shared view from the second on.
+    private func addKeySubscriber(_ s: SubscriptionRecord, _ key: String) {
+        switch keyViews[key] {
+        case nil:
+            keyViews.insert(.alone(s))
+        case .alone(let first)?:
+            let view = KeyView(key: key)
+            view.add(first)
+            view.add(s)
+            keyViews.insert(.shared(view))
+        case .shared(let view)?:
+            view.add(s)
+        }
+    }
+
+    /// Unfiles a key subscription; a view left with one subscription gives
+    /// way to that subscription alone.
+    private func removeKeySubscriber(_ s: SubscriptionRecord, _ key: String) {
+        switch keyViews[key] {
+        case .alone(let only)? where only === s:
+            keyViews[key] = nil
+        case .shared(let view)?:
+            view.remove(s)
+            if let last = view.only {
+                view.remove(last)
+                keyViews.insert(.alone(last))
+            } else if view.isEmpty {
+                keyViews[key] = nil
+            }
+        default:
+            break
+        }
+    }
+
     /// Removes a subscription from every index (the caller removes it from its client).
     func unregister(_ s: SubscriptionRecord) {
         subscriptionCount -= 1
         subscriptionsByKind[s.kind.metricIndex] -= 1
+        s.pause = nil
         switch s.kind {
         case .model(let view):
             let oid = ObjectIdentifier(view)
             for id in view.ids { removeWatcher(id, oid) }
             view.sub = nil
-        case .key(let view):
-            view.remove(s)
-            if view.isEmpty { keyViews[view.key] = nil }
+        case .key(let key):
+            removeKeySubscriber(s, key)
         case .ids(let list):
             let oid = ObjectIdentifier(s)
             for id in list {
@@ -191,7 +219,7 @@ extension Engine {
     func baseline(_ s: SubscriptionRecord) -> PauseState {
         let state = PauseState()
         switch s.kind {
-        case .key(let view): state.document = store.document(view.key)
+        case .key(let key): state.document = store.document(key)
         case .collection(let view): state.items = store.collectionItems(view.name)
         case .query(let view):
             state.items = queryItems(view)
@@ -229,9 +257,9 @@ extension Engine {
             let bytes = modelEventBytes(s, seq: seq, old: view.lastSent, new: view.tree, context: context, coalesced: coalesced)
             view.lastSent = view.tree
             c.output.append(bytes)
-        case .key(let view):
+        case .key(let key):
             let base = state.document
-            let now = store.document(view.key)
+            let now = store.document(key)
             if base == now { return }
             var w = JSONWriter()
             eventHeader(&w, "update", s, seq, coalesced: coalesced)

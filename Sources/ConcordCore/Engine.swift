@@ -135,7 +135,7 @@ public final class Engine {
 
     /// Identity → the model views holding it.
     var modelWatchers: [String: [ObjectIdentifier: ModelView]] = [:]
-    var keyViews = NameTable<KeyView>()
+    var keyViews = NameTable<KeySubscribers>()
     var collectionViews = NameTable<CollectionView>()
     /// Identity → the `ids` subscriptions listing it.
     var idWatchers: [String: [ObjectIdentifier: SubscriptionRecord]] = [:]
@@ -252,6 +252,7 @@ public final class Engine {
             }
             guard c.closing.isEmpty else { break }
             c.subs.removeAll()
+            c.pauses.removeAll()
             closingClients[closingHead] = nil  // released
             closingHead += 1
         }

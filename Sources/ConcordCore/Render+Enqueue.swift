@@ -37,6 +37,7 @@ extension Engine {
             case .list(let view, let ended, _, _):
                 if ended {
                     endAll(view, seq: seq, context: context)
+                    view.removeAll()
                     collectionViews[view.name] = nil
                 } else if case .payload(let payload, let changed) = results[i] {
                     send(payload, to: view, event: "collection", seq: seq, changed: changed, origins: origins, context: context)

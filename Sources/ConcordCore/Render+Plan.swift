@@ -11,7 +11,7 @@ struct RenderPlan {
         /// A key view: its document's new value (`ended`: the document went
         /// away, its subscriptions end; nothing to render). `changed` is
         /// known when the change sets are net (one op); nil: compare.
-        case key(KeyView, forced: Bool, ended: Bool, changed: Bool?)
+        case key(KeySubscribers, forced: Bool, ended: Bool, changed: Bool?)
         /// A collection view: its change list (`ended`: the collection was dropped).
         case list(CollectionView, ended: Bool, changed: Bool, changes: [CollectionStep])
         /// An entity's `entity` event, for its ids watchers and the feeds.
@@ -58,7 +58,7 @@ extension Engine {
 
         // Key views of changed, forced or deleted documents.
         if !keyViews.isEmpty {
-            var keys: [KeyView] = []
+            var keys: [KeySubscribers] = []
             // The three sets, each key once, without building their union.
             for key in change.documentsChanged {
                 if let v = keyViews[key] { keys.append(v) }

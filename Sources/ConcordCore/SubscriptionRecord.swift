@@ -4,7 +4,9 @@ import ConcordJSON
 final class SubscriptionRecord {
     enum Kind {
         case model(ModelView)
-        case key(KeyView)
+        /// The cache key. The key's subscribers are found in the engine's
+        /// key table (a shared ``KeyView`` only once there are two).
+        case key(String)
         case ids([String])
         case feed(types: Set<String>?)
         case collection(CollectionView)
@@ -24,20 +26,37 @@ final class SubscriptionRecord {
     }
 
     // Field order keeps the object at 64 bytes (a jemalloc size class): a
-    // million subscriptions should not pay for padding.
+    // million subscriptions should not pay for padding. The pause state is
+    // not a field (it would take the object to 80): see `pause`.
     unowned(unsafe) let client: ClientSession  // a client unregisters its subscriptions before it goes
     let name: String
     var kind: Kind
     /// True when `name` can be written between quotes as it is (the common case),
     /// so event headers need no escaping pass and no stored copy.
     let nameIsPlain: Bool
-    /// Position in a shared view's subscriber list (key and collection subscriptions).
+    /// Position in a shared view's subscriber list (key and collection
+    /// subscriptions; -1 for a key's only subscription, which has no view).
     var slot: Int32 = -1
-    /// Present while paused. Kept out of line: most subscriptions never pause,
-    /// and a million of them should not each carry this state.
-    var pause: PauseState?
+
+    /// Present while paused, kept by the client: most subscriptions never
+    /// pause, and a million of them should not each carry a field for it.
+    /// Whoever ends a subscription sets it to nil (the client's table is
+    /// keyed by the object's identity, which a later object may reuse).
+    var pause: PauseState? {
+        get { client.pauses.isEmpty ? nil : client.pauses[ObjectIdentifier(self)] }
+        set {
+            if newValue == nil && client.pauses.isEmpty { return }
+            client.pauses[ObjectIdentifier(self)] = newValue
+        }
+    }
 
     var paused: Bool { pause != nil }
+
+    /// The cache key of a key subscription.
+    var cacheKey: String? {
+        if case .key(let k) = kind { return k }
+        return nil
+    }
 
     init(client: ClientSession, name: String, kind: Kind) {
         self.client = client

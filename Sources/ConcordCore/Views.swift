@@ -26,6 +26,8 @@ class SharedView {
     var isEmpty: Bool { first == nil }
     /// More than one subscription.
     var hasSeveral: Bool { !rest.isEmpty }
+    /// The subscription, when there is exactly one.
+    var only: SubscriptionRecord? { rest.isEmpty ? first : nil }
 
     func forEach(_ body: (SubscriptionRecord) -> Void) {
         guard let first else { return }
@@ -69,7 +71,9 @@ class SharedView {
 /// All `key` subscriptions of one cache key share one view: the document is
 /// rendered and encoded once per mutation and the bytes go to every subscriber.
 /// Its running subscribers always hold the store's document as of the last
-/// mutation, so the view keeps no copy of it (48 bytes: one per watched key).
+/// mutation, so the view keeps no copy of it. A view exists only while the
+/// key has two subscriptions or more (48 bytes); most keys have one, which
+/// the key table holds itself (``KeySubscribers``).
 final class KeyView: SharedView {
     let key: String
 
@@ -77,6 +81,48 @@ final class KeyView: SharedView {
         self.key = key
     }
 }
+
+/// The subscribers of one key, as the engine's key table holds them: the
+/// subscription itself while it is the key's only one (no view object), or
+/// a shared ``KeyView`` of two or more. Eight bytes either way.
+enum KeySubscribers: Named {
+    case alone(SubscriptionRecord)
+    case shared(KeyView)
+
+    var key: String {
+        switch self {
+        case .alone(let s):
+            guard case .key(let k) = s.kind else { preconditionFailure("a key table entry that is not a key subscription") }
+            return k
+        case .shared(let v):
+            return v.key
+        }
+    }
+
+    var tableName: String { key }
+
+    var hasSeveral: Bool {
+        if case .shared(let v) = self { return v.hasSeveral }
+        return false
+    }
+
+    @inline(__always)
+    func forEach(_ body: (SubscriptionRecord) -> Void) {
+        switch self {
+        case .alone(let s): body(s)
+        case .shared(let v): v.forEach(body)
+        }
+    }
+}
+
+/// What a view's events go to: its subscribers in order, and whether there are several.
+protocol SubscriberList {
+    var hasSeveral: Bool { get }
+    func forEach(_ body: (SubscriptionRecord) -> Void)
+}
+
+extension SharedView: SubscriberList {}
+extension KeySubscribers: SubscriberList {}
 
 /// All subscriptions of one collection share one view: running subscribers
 /// always hold the server's list as of the last mutation, so one encoded

@@ -45,13 +45,41 @@ struct NameTableTests {
 
     @Test func growsWithinItsLoadFactor() {
         var table = NameTable<Item>()
-        // 3/4 of 2^17: the most that fits before it doubles.
-        for i in 0..<98_304 { table.insert(Item("k\(i)", i)) }
-        #expect(table.count == 98_304)
+        // 7/8 of 2^17: the most that fits before it doubles.
+        for i in 0..<114_688 { table.insert(Item("k\(i)", i)) }
+        #expect(table.count == 114_688)
         #expect(table.capacity == 1 << 17)
-        table.insert(Item("k98304", 98_304))
+        table.insert(Item("k114688", 114_688))
         #expect(table.capacity == 1 << 18)
-        for i in stride(from: 0, to: 98_305, by: 7) { #expect(table["k\(i)"]?.tag == i) }
+        for i in stride(from: 0, to: 114_689, by: 7) { #expect(table["k\(i)"]?.tag == i) }
+    }
+
+    /// Removals leave tombstones; churn at a steady size must reuse or
+    /// clear them, not grow the table or slow lookups without bound.
+    @Test func churnAtASteadySizeKeepsItsCapacity() {
+        var table = NameTable<Item>()
+        for i in 0..<1000 { table.insert(Item("k\(i)", i)) }
+        let capacity = table.capacity
+        for i in 1000..<200_000 {
+            #expect(table.removeValue(forKey: "k\(i - 1000)")?.tag == i - 1000)
+            table.insert(Item("k\(i)", i))
+        }
+        #expect(table.count == 1000)
+        #expect(table.capacity <= capacity * 2)
+        for i in 199_000..<200_000 { #expect(table["k\(i)"]?.tag == i) }
+        #expect(table["k0"] == nil)
+    }
+
+    /// A copy is a value: changing one leaves the other as it was.
+    @Test func copiesAreValues() {
+        var a = NameTable<Item>()
+        for i in 0..<100 { a.insert(Item("k\(i)", i)) }
+        var b = a
+        b.removeValue(forKey: "k1")
+        b.insert(Item("k2", -2))
+        b.insert(Item("new", 7))
+        #expect(a.count == 100 && a["k1"]?.tag == 1 && a["k2"]?.tag == 2 && a["new"] == nil)
+        #expect(b.count == 100 && b["k1"] == nil && b["k2"]?.tag == -2 && b["new"]?.tag == 7)
     }
 }
 

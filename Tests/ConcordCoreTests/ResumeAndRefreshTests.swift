@@ -114,3 +114,56 @@ struct StoredDepthTests {
         #expect(h.engine.store.invariantViolations().isEmpty)
     }
 }
+
+/// A key's only subscription is filed alone under its key; a second makes
+/// a shared view, and leaving it one again files the last alone. Every
+/// step must keep delivering to exactly the live subscriptions, pauses
+/// included (their state is kept by the client, keyed by the subscription).
+struct KeySubscriberTests {
+    @Test func subscribersComeAndGoWithoutLosingOrDuplicatingEvents() {
+        let h = EngineHarness()
+        let w = h.connect(), a = h.connect(), b = h.connect()
+        w.ok(#"{"op":"update","key":"doc","model":{"n":0}}"#)
+        a.ok(#"{"op":"subscribe","sub":"a1","key":"doc"}"#)
+        w.ok(#"{"op":"update","key":"doc","model":{"n":1}}"#)
+        #expect(a.take().map { $0["model"]?["n"] } == [1])
+
+        // Two, then back to one: the one left is the first or the second.
+        b.ok(#"{"op":"subscribe","sub":"b1","key":"doc"}"#)
+        w.ok(#"{"op":"update","key":"doc","model":{"n":2}}"#)
+        #expect(a.take().map { $0["model"]?["n"] } == [2])
+        #expect(b.take().map { $0["model"]?["n"] } == [2])
+        a.ok(#"{"op":"unsubscribe","sub":"a1"}"#)
+        w.ok(#"{"op":"update","key":"doc","model":{"n":3}}"#)
+        #expect(a.take().isEmpty)
+        #expect(b.take().map { $0["model"]?["n"] } == [3])
+
+        // Paused alone, then shared while paused, then alone again: one catch-up.
+        b.ok(#"{"op":"pause","sub":"b1"}"#)
+        w.ok(#"{"op":"update","key":"doc","model":{"n":4}}"#)
+        a.ok(#"{"op":"subscribe","sub":"a2","key":"doc"}"#)
+        a.ok(#"{"op":"subscribe","sub":"a3","key":"doc"}"#)
+        w.ok(#"{"op":"update","key":"doc","model":{"n":5}}"#)
+        #expect(a.take().map { $0["model"]?["n"] } == [5, 5])
+        #expect(b.take().isEmpty)
+        a.ok(#"{"op":"unsubscribe","sub":"a2"}"#)
+        a.ok(#"{"op":"unsubscribe","sub":"a3"}"#)
+        b.ok(#"{"op":"resume","sub":"b1"}"#)
+        #expect(b.take().map { $0["model"]?["n"] } == [5])
+
+        // An ended subscription leaves no pause state behind for a later
+        // one (the internal checks look for it after every request).
+        b.ok(#"{"op":"pause","sub":"b1"}"#)
+        a.ok(#"{"op":"subscribe","sub":"a4","key":"doc"}"#)
+        w.ok(#"{"op":"delete","key":"doc"}"#)
+        #expect(a.take().map { $0["event"] } == ["delete"])
+        #expect(b.take().map { $0["event"] } == ["delete"])
+        b.ok(#"{"op":"subscribe","sub":"b1","key":"doc"}"#)
+        w.ok(#"{"op":"update","key":"doc","model":{"n":6}}"#)
+        #expect(b.take().map { $0["model"]?["n"] } == [6])
+        #expect(h.engine.keyViews.count == 1)
+        b.close()
+        for _ in 0..<10 { h.pumpPublic() }
+        #expect(h.engine.keyViews.isEmpty)
+    }
+}
