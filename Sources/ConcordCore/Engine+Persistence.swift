@@ -85,7 +85,8 @@ final class PersistenceState {
     var items: [StorageItem] = []
     var nextTicket = 1
     var tickets: [Int: LoadTicket] = [:]
-    /// Keys known to be in neither memory nor the backend.
+    /// Keys known to be in neither memory nor the backend. A document with a
+    /// key subscription is left out: the key table covers it (`missingKeys`).
     var knownAbsent: Set<String> = []
     var committedSeq = 0
     var durableWaiters: [ClientSession] = []
@@ -302,8 +303,10 @@ extension Engine {
         func entity(_ id: String) {
             if store.entities[id] == nil { keys.append(RecordCodec.entityKey(id)) }
         }
+        // A document with a key subscription is never evicted: it is in
+        // memory or it is absent, and the key table says it is known.
         func document(_ k: String) {
-            if store.documents[k] == nil { keys.append(RecordCodec.documentKey(k)) }
+            if store.documents[k] == nil && keyViews[k] == nil { keys.append(RecordCodec.documentKey(k)) }
         }
         func collection(_ n: String) {
             if store.collections[n] == nil { keys.append(RecordCodec.collectionKey(n)) }

@@ -36,6 +36,10 @@ extension Engine {
             let s = SubscriptionRecord(client: c, name: name, kind: .key(key))
             addKeySubscriber(s, key)
             add(s, to: c)
+            // While the key is subscribed, the key table is what says its
+            // document is known (see `missingKeys`): the read-through's
+            // negative entry need not be kept beside it (~40 bytes a key).
+            if let p = persistence, !p.knownAbsent.isEmpty { p.knownAbsent.remove(RecordCodec.documentKey(key)) }
             let v = store.document(key) ?? .null
             if let n = since, versions.document(key, present: !v.isNull) <= n, unchangedSince(n, entities: tree.identities(v).order) {
                 respondUnchanged(c, rid: rid)

@@ -89,6 +89,54 @@ struct PersistenceCoreTests {
         c.harness.pumpForTests()
     }
 
+    /// A subscribed key's document is in memory or absent (it is never
+    /// evicted): the key table says so, so the read-through neither reads
+    /// it again nor keeps a negative entry for it beside the subscription.
+    @Test func aSubscribedAbsentKeyIsNotReadAgainNorListedAsAbsent() {
+        let h = harness()
+        let s = FakeStorage()
+        let a = h.connect(), b = h.connect(), w = h.connect()
+        func loads() -> Int {
+            s.take(from: h.engine)
+            return s.queue.filter { if case .load = $0 { true } else { false } }.count
+        }
+        sendParked(a, #"{"op":"subscribe","sub":"a","key":"gone","rid":1}"#)
+        #expect(loads() == 1)
+        s.run(h.engine)
+        h.pumpForTests()
+        #expect(a.takeResponses().first?["model"] == .null)
+        #expect(h.engine.persistence?.knownAbsent.contains("d:gone") == false)
+
+        // A second subscription and a get are answered from memory.
+        sendParked(b, #"{"op":"subscribe","sub":"b","key":"gone","rid":2}"#)
+        sendParked(b, #"{"op":"get","key":"gone","rid":3}"#)
+        #expect(loads() == 0)
+        #expect(b.takeResponses().map { $0["rid"] } == [2, 3])
+
+        // Written and deleted while watched: both hear it; the delete makes it known absent.
+        w.ok(#"{"op":"update","key":"gone","model":{"n":1}}"#)
+        #expect(a.take().map { $0["model"]?["n"] } == [1])
+        #expect(b.take().map { $0["model"]?["n"] } == [1])
+        w.ok(#"{"op":"delete","key":"gone"}"#)
+        #expect(a.take().map { $0["event"] } == ["delete"])
+        s.run(h.engine)
+        sendParked(a, #"{"op":"get","key":"gone","rid":4}"#)
+        #expect(loads() == 0)
+        #expect(a.takeResponses().first?["model"] == .null)
+
+        // Unwatched again and never listed: the next read goes to the backend.
+        sendParked(a, #"{"op":"subscribe","sub":"a2","key":"other","rid":5}"#)
+        #expect(loads() == 1)
+        s.run(h.engine)
+        h.pumpForTests()
+        a.ok(#"{"op":"unsubscribe","sub":"a2"}"#)
+        sendParked(a, #"{"op":"get","key":"other","rid":6}"#)
+        #expect(loads() == 1)
+        s.run(h.engine)
+        h.pumpForTests()
+        #expect(a.takeResponses().map { $0["rid"] } == [5, 6])
+    }
+
     @Test func writesReachTheBackendNormalized() {
         let h = harness()
         let s = FakeStorage()
