@@ -397,22 +397,22 @@ final class Store {
         changedScratch = []
         for (id, newValue) in u.values {
             let resident = entities[id]
-            var isChanged = true
             if let old = resident?.value {
                 // Equal values have equal records; the record comparison only
                 // matters to feed subscriptions.
-                if old != newValue {
-                    change.valueChanged.insert(id)
-                    if trackRecordChanges && !tree.sameRecord(old, newValue) { change.recordChanged.insert(id) }
-                } else {
-                    isChanged = false
+                guard old != newValue else {
+                    // Written as it is (an author carried along unchanged):
+                    // the stored value stays, with its children and marks;
+                    // nothing to journal, re-index or propagate.
+                    continue
                 }
+                change.valueChanged.insert(id)
+                if trackRecordChanges && !tree.sameRecord(old, newValue) { change.recordChanged.insert(id) }
             } else {
                 change.recordChanged.insert(id)
                 change.valueChanged.insert(id)
             }
-            let rec = setEntity(id, newValue, resident: resident, verbatim: u.verbatim)
-            if isChanged { changed.append((id, rec)) }
+            changed.append((id, setEntity(id, newValue, resident: resident, verbatim: u.verbatim)))
         }
         // The update's own document is rewritten below: propagation need not refresh it first.
         propagate(from: changed, skipping: u.values, deleted: [], except: u.key, into: &change)
