@@ -170,9 +170,12 @@ extension Versions {
 
     func load(entities e: [(String, Int)], documents d: [(String, Int)], collections c: [(String, Int)], floor f: Int, clearedAt: Int,
               tombstones t: [(seq: Int, kind: UInt8, name: String)], tokens k: [(seq: Int, at: Double, token: String)], seq: Int) {
-        entities = Dictionary(e, uniquingKeysWith: { $1 })
-        documents = Dictionary(d, uniquingKeysWith: { $1 })
-        collections = Dictionary(c, uniquingKeysWith: { $1 })
+        entities = IDTable()
+        documents = IDTable()
+        collections = IDTable()
+        for (k, v) in e { entities[k] = v }  // a repeated name: the last wins
+        for (k, v) in d { documents[k] = v }
+        for (k, v) in c { collections[k] = v }
         // A tombstone may be older than the name's last change (re-created since): the later seq wins.
         for x in t {
             switch x.kind {

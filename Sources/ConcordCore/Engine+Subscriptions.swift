@@ -313,8 +313,10 @@ extension Engine {
     /// `,"model":…,"changed":[…],"deleted":[…][,"context":…]}\n`
     /// `valueChanged`: when `old` and `new` are the store's document before
     /// and after a mutation, the entities it changed (see `Tree.diff`).
-    func writeDocumentBody(_ w: inout JSONWriter, old: JSON?, new: JSON?, context: JSON?, valueChanged: IDSet? = nil) {
-        let (changed, deleted) = tree.diff(old: old, new: new, valueChanged: valueChanged)
+    /// `diff`: the changed and deleted identities when the caller knows them.
+    func writeDocumentBody(_ w: inout JSONWriter, old: JSON?, new: JSON?, context: JSON?, valueChanged: IDSet? = nil,
+                           diff known: (changed: [String], deleted: [String])? = nil) {
+        let (changed, deleted) = known ?? tree.diff(old: old, new: new, valueChanged: valueChanged)
         w.raw(",\"model\":")
         writeStored(&w, new ?? .null)
         w.raw(",\"changed\":[")

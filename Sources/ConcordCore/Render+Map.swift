@@ -95,7 +95,18 @@ extension Engine {
             var w = JSONWriter(capacity: 512)
             // Both are the store's (materialized) document: an entity the
             // mutation did not change has one value in both, not compared.
-            writeDocumentBody(&w, old: old, new: new, context: context, valueChanged: valueChanged)
+            // A document that is one entity holding none, before and after:
+            // the entity is all that changed (most key documents).
+            var known: (changed: [String], deleted: [String])?
+            if changed, let new, let id = store.soleWrittenLeafEntity(new), case .object(let o)? = old,
+               o.identity(idKey: tree.idKey) == id {
+                known = ([id], [])
+                // Under the internal checks (tests, fuzzers), against the walk.
+                if configuration.internalChecks && tree.diff(old: old, new: new) != known! {
+                    preconditionFailure("Concord internal check failed: the document of leaf entity '\(id)' changed more than the entity")
+                }
+            }
+            writeDocumentBody(&w, old: old, new: new, context: context, valueChanged: valueChanged, diff: known)
             return .payload(OutputBytes(w.bytes), changed: changed)
         case .list(let view, let ended, let changed, let changes):
             guard !ended && !changes.isEmpty else { return .none }

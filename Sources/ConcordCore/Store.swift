@@ -46,7 +46,11 @@ final class EntityRecord {
     /// load): only a record written without it is known to nest no deeper
     /// than the request did.
     static let reshaped: UInt64 = 4
-    static let markBits = 3
+    /// Written with other nested entities than it held before the mutation
+    /// (or made anew in it: what it held before is not known here).
+    static let childrenChanged: UInt64 = 8
+    static let markBits = 4
+    static let markMask: UInt64 = (1 << markBits) - 1
 
     init(value: JSON, children: Children) {
         self.value = value
@@ -168,7 +172,21 @@ final class Store {
     @inline(__always)
     private func markMutation(_ rec: EntityRecord, _ what: UInt64) {
         let base = mutationGeneration << EntityRecord.markBits
-        rec.mutationMark = (rec.mutationMark & ~7) == base ? rec.mutationMark | what : base | what
+        rec.mutationMark = (rec.mutationMark & ~EntityRecord.markMask) == base ? rec.mutationMark | what : base | what
+    }
+
+    /// The identity of `value`'s root when that is an entity the running
+    /// mutation wrote and that holds no entity, now or before the mutation:
+    /// then it is the only identity in the tree, and a document that is
+    /// this entity before and after changed exactly it (no walk of the two
+    /// trees to find out).
+    func soleWrittenLeafEntity(_ value: JSON) -> String? {
+        guard case .object(let o) = value, let id = o.identity(idKey: tree.idKey), let rec = entities[id],
+              rec.children.isEmpty else { return nil }
+        let mark = rec.mutationMark
+        guard mark >> EntityRecord.markBits == mutationGeneration, mark & EntityRecord.written != 0,
+              mark & EntityRecord.childrenChanged == 0 else { return nil }
+        return id
     }
 
     /// The value of a record when the stored-depth check has to walk it;
@@ -176,7 +194,7 @@ final class Store {
     /// only with a subtree of its request as it came (the parser bounded the
     /// request's depth, and the model sits at least one level inside it).
     func valueForDepthCheck(_ rec: EntityRecord) -> JSON? {
-        rec.mutationMark == mutationGeneration << EntityRecord.markBits | EntityRecord.written ? nil : rec.value
+        rec.mutationMark & ~EntityRecord.childrenChanged == mutationGeneration << EntityRecord.markBits | EntityRecord.written ? nil : rec.value
     }
 
     /// `valueForDepthCheck` of the record under `id` (nil: absent).
@@ -686,6 +704,7 @@ final class Store {
             if !writtenInThisMutation(rec) { writtenInMutation.append((id, rec)) }
             markMutation(rec, mark)
             if rec.children != newChildren {
+                markMutation(rec, EntityRecord.childrenChanged)
                 for (c, n) in rec.children { adjustReferrer(of: c, entity: id, rec, by: -n) }
                 for (c, n) in newChildren { adjustReferrer(of: c, entity: id, rec, by: n) }
                 rec.children = newChildren
@@ -697,7 +716,7 @@ final class Store {
             rec.journalIndex = Int32(absentEntry)
             rec.held = (referrers[id] == nil ? 0 : EntityRecord.heldByEntities)
                 | (documentReferrers[id] == nil ? 0 : EntityRecord.heldByDocuments)
-            markMutation(rec, mark)
+            markMutation(rec, mark | EntityRecord.childrenChanged)
             writtenInMutation.append((id, rec))
             entities[id] = rec
             rec.resident = true

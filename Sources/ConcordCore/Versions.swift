@@ -18,10 +18,11 @@ import ConcordProtocol
 /// reads as changed at `floor` (the seq when that knowledge was lost), which
 /// can only make a conditional write conflict, never let a stale one through.
 final class Versions {
-    /// Name → seq of its last change (present or deleted).
-    var entities: [String: Int] = [:]
-    var documents: [String: Int] = [:]
-    var collections: [String: Int] = [:]
+    /// Name → seq of its last change (present or deleted). `IDTable`s, the
+    /// store's hash of identities: every update writes one or two of these.
+    var entities = IDTable<Int>()
+    var documents = IDTable<Int>()
+    var collections = IDTable<Int>()
     /// Present records without an entry changed at this seq or before.
     var floor = 0
     /// Absent names without an entry: changed at this seq (a `clear`), else never.

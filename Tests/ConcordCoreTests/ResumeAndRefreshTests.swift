@@ -120,6 +120,36 @@ struct StoredDepthTests {
 /// step must keep delivering to exactly the live subscriptions, pauses
 /// included (their state is kept by the client, keyed by the subscription).
 struct KeySubscriberTests {
+    /// A key whose document is one entity: the changed and deleted lists
+    /// when it holds no entity before and after (the common case, taken
+    /// without comparing the trees), and when it gains or loses one.
+    @Test func aDocumentThatIsOneEntityListsExactlyWhatChanged() {
+        let h = EngineHarness()
+        let w = h.connect(), a = h.connect()
+        w.ok(#"{"op":"update","key":"doc","model":{"id":"X:1","n":0}}"#)
+        a.ok(#"{"op":"subscribe","sub":"s","key":"doc"}"#)
+        func lists() -> [[String]] {
+            guard let e = a.take().last else { return [] }
+            return [e["changed"]?.arrayValue?.compactMap(\.stringValue) ?? [], e["deleted"]?.arrayValue?.compactMap(\.stringValue) ?? []]
+        }
+        w.ok(#"{"op":"update","key":"doc","model":{"id":"X:1","n":1}}"#)
+        #expect(lists() == [["X:1"], []])
+        w.ok(#"{"op":"update","key":"doc","model":{"id":"X:1","n":2,"by":{"id":"Y:1","name":"y"}}}"#)
+        #expect(lists() == [["X:1", "Y:1"], []])
+        w.ok(#"{"op":"update","key":"doc","model":{"id":"X:1","n":3}}"#)
+        #expect(lists() == [["X:1"], ["Y:1"]])
+        // The entity written on its own (not through the key): the document follows.
+        w.ok(#"{"op":"update","model":{"id":"X:1","n":4}}"#)
+        #expect(lists() == [["X:1"], []])
+        // Deleted and written again in one batch: what it held before is not
+        // known from the record, so the trees are compared.
+        w.ok(#"{"op":"update","key":"doc","model":{"id":"X:1","n":5,"by":{"id":"Y:2"}}}"#)
+        _ = a.take()
+        w.ok(#"{"op":"batch","ops":[{"op":"delete","id":"Y:2"},{"op":"update","key":"doc","model":{"id":"X:1","n":6}}]}"#)
+        let last = lists()
+        #expect(last.first?.contains("X:1") == true && last.last?.contains("Y:2") == true, "\(last)")
+    }
+
     @Test func subscribersComeAndGoWithoutLosingOrDuplicatingEvents() {
         let h = EngineHarness()
         let w = h.connect(), a = h.connect(), b = h.connect()
