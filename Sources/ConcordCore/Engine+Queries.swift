@@ -84,7 +84,7 @@ final class QueryRegistry {
     var windows: [String: QueryWindow] = [:]
     var types: [String: TypeQueries] = [:]
     /// Entity → the views it is a member of.
-    var memberOf: [String: ViewList] = [:]
+    var memberOf = IDTable<ViewList>()
     /// Member slots all views hold together (members × sort keys, see
     /// ``QueryView/weight``), kept as views are built, dropped and changed
     /// (`--max-query-entities`).
@@ -228,12 +228,12 @@ extension Engine {
 
     /// Lists `view` among the views `id` is a member of.
     private func fileMember(_ id: String, _ view: QueryView) {
-        let slot: Int32
-        if queries.memberOf[id] == nil {
-            queries.memberOf[id] = ViewList(view)
-            slot = 0
-        } else {
-            slot = queries.memberOf[id]!.append(view)
+        var slot: Int32 = 0
+        if !queries.memberOf.insert(id, ViewList(view)) {
+            queries.memberOf.modify(id, default: ViewList(view)) { list in
+                slot = list.append(view)
+                return true
+            }
         }
         view.members[id]?.slot = slot
     }
@@ -245,12 +245,13 @@ extension Engine {
         // Checked without keeping a copy of the list: a copy alive at the
         // removal would make it copy its whole array (O(views) per call).
         guard slot >= 0, queries.memberOf[id].map({ Int(slot) < $0.count && $0[Int(slot)] === view }) == true else { return }
-        let (moved, left) = queries.memberOf[id]!.remove(at: Int(slot))
-        if !left {
-            queries.memberOf[id] = nil
-        } else if let moved {
-            moved.members[id]?.slot = slot
+        var moved: QueryView?
+        queries.memberOf.modify(id, default: ViewList(view)) { list in
+            let r = list.remove(at: Int(slot))
+            moved = r.moved
+            return r.left
         }
+        moved?.members[id]?.slot = slot
     }
 
     /// A window lost its last subscriber: it goes, and its view with it when

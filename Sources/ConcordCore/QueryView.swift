@@ -27,7 +27,7 @@ final class QueryView {
         var slot: Int32
     }
     /// Each member's identity → its node and slot.
-    var members: [String: Member] = [:]
+    var members = IDTable<Member>()
     /// The windows over it (at least one while it is live), in no order;
     /// each knows its slot, so one leaves in O(1) (a connection closing with
     /// thousands of pages of one list must not cost their square).
@@ -72,7 +72,7 @@ final class QueryView {
     var builtAt = 0
     var changedAt = 0
     /// Retired views: the members still to unfile, and how far the value index is.
-    var unfiling: Dictionary<String, Member>.Iterator?
+    var unfiling: IDTable<Member>.Iterator?
     var unfiledValues = 0
 
     /// `spec` without its window (offset 0, no limit).
