@@ -32,13 +32,23 @@ extension Engine {
             return
         }
         let isBatch: Bool
-        let ops: [(Mutation, origin: String?)]
+        var ops: [(Mutation, origin: String?)]
         if case .batch(let list) = m {
             isBatch = true
             ops = list
         } else {
             isBatch = false
-            ops = [(m, nil)]
+            ops = opsScratch
+            opsScratch = []
+            ops.append((m, nil))
+        }
+        // Both lists go back to their scratch places emptied (an error
+        // leaves them to be made again next time).
+        defer {
+            if !isBatch {
+                ops.removeAll(keepingCapacity: true)
+                opsScratch = ops
+            }
         }
         for (i, op) in ops.enumerated() {
             guard let o = op.origin else { continue }
@@ -49,7 +59,12 @@ extension Engine {
             origins.insert(ObjectIdentifier(s))
         }
 
-        var effects: [ViewEffect] = []
+        var effects = effectsScratch
+        effectsScratch = []
+        defer {
+            effects.removeAll(keepingCapacity: true)
+            effectsScratch = effects
+        }
         var change = StoreChange()
         store.trackRecordChanges = !feeds.isEmpty
         var index = 0

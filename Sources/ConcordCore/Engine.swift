@@ -119,6 +119,10 @@ public final class Engine {
     let parser: JSONParser
     /// The render map step's slots, reused by every mutation (Render+Map.swift).
     let renderResults = RenderResults(count: 0)
+    /// A mutation's op list (a single op's) and effects, kept between
+    /// mutations empty with their capacity: two allocations fewer each.
+    var opsScratch: [(Mutation, origin: String?)] = []
+    var effectsScratch: [ViewEffect] = []
 
     var clients: [ConnectionID: ClientSession] = [:]
     var dirtyClients: [ClientSession] = []
