@@ -313,10 +313,19 @@ extension Engine {
     /// `,"model":…,"changed":[…],"deleted":[…][,"context":…]}\n`
     /// `valueChanged`: when `old` and `new` are the store's document before
     /// and after a mutation, the entities it changed (see `Tree.diff`).
-    /// `diff`: the changed and deleted identities when the caller knows them.
+    /// `onlyChanged`: the caller knows the one identity that changed, and that none was deleted.
     func writeDocumentBody(_ w: inout JSONWriter, old: JSON?, new: JSON?, context: JSON?, valueChanged: IDSet? = nil,
-                           diff known: (changed: [String], deleted: [String])? = nil) {
-        let (changed, deleted) = known ?? tree.diff(old: old, new: new, valueChanged: valueChanged)
+                           onlyChanged: String? = nil) {
+        if let id = onlyChanged {
+            w.raw(",\"model\":")
+            writeStored(&w, new ?? .null)
+            w.raw(",\"changed\":[")
+            w.string(id)
+            w.raw("],\"deleted\":[]")
+            writeContextAndEnd(&w, context)
+            return
+        }
+        let (changed, deleted) = tree.diff(old: old, new: new, valueChanged: valueChanged)
         w.raw(",\"model\":")
         writeStored(&w, new ?? .null)
         w.raw(",\"changed\":[")

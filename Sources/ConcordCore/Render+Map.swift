@@ -97,16 +97,16 @@ extension Engine {
             // mutation did not change has one value in both, not compared.
             // A document that is one entity holding none, before and after:
             // the entity is all that changed (most key documents).
-            var known: (changed: [String], deleted: [String])?
+            var known: String?
             if changed, let new, let id = store.soleWrittenLeafEntity(new), case .object(let o)? = old,
                o.identity(idKey: tree.idKey) == id {
-                known = ([id], [])
+                known = id
                 // Under the internal checks (tests, fuzzers), against the walk.
-                if configuration.internalChecks && tree.diff(old: old, new: new) != known! {
+                if configuration.internalChecks && tree.diff(old: old, new: new) != ([id], []) {
                     preconditionFailure("Concord internal check failed: the document of leaf entity '\(id)' changed more than the entity")
                 }
             }
-            writeDocumentBody(&w, old: old, new: new, context: context, valueChanged: valueChanged, diff: known)
+            writeDocumentBody(&w, old: old, new: new, context: context, valueChanged: valueChanged, onlyChanged: known)
             return .payload(OutputBytes(w.bytes), changed: changed)
         case .list(let view, let ended, let changed, let changes):
             guard !ended && !changes.isEmpty else { return .none }

@@ -58,23 +58,29 @@ extension Engine {
 
         // Key views of changed, forced or deleted documents.
         if !keyViews.isEmpty {
-            var keys: [KeySubscribers] = []
-            // The three sets, each key once, without building their union.
+            // The three sets, each key once, without building their union;
+            // the jobs go straight into the plan and are put in key order there.
+            let start = plan.jobs.count
+            func add(_ v: KeySubscribers, _ key: String) {
+                let ended = change.documentsDeleted.contains(key)
+                plan.jobs.append(.key(v, forced: change.documentsForced.contains(key), ended: ended,
+                                      changed: net ? change.documentsChanged.contains(key) : nil))
+                if !ended { plan.renders = true }
+            }
             for key in change.documentsChanged {
-                if let v = keyViews[key] { keys.append(v) }
+                if let v = keyViews[key] { add(v, key) }
             }
             for key in change.documentsForced where !change.documentsChanged.contains(key) {
-                if let v = keyViews[key] { keys.append(v) }
+                if let v = keyViews[key] { add(v, key) }
             }
             for key in change.documentsDeleted where !change.documentsChanged.contains(key) && !change.documentsForced.contains(key) {
-                if let v = keyViews[key] { keys.append(v) }
+                if let v = keyViews[key] { add(v, key) }
             }
-            if keys.count > 1 { keys.sort { $0.key < $1.key } }
-            for v in keys {
-                let ended = change.documentsDeleted.contains(v.key)
-                plan.jobs.append(.key(v, forced: change.documentsForced.contains(v.key), ended: ended,
-                                      changed: net ? change.documentsChanged.contains(v.key) : nil))
-                if !ended { plan.renders = true }
+            if plan.jobs.count - start > 1 {
+                plan.jobs[start...].sort { a, b in
+                    guard case .key(let x, _, _, _) = a, case .key(let y, _, _, _) = b else { return false }
+                    return x.key < y.key
+                }
             }
         }
 
