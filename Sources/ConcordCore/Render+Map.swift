@@ -95,15 +95,16 @@ extension Engine {
             var w = JSONWriter(capacity: 512)
             // Both are the store's (materialized) document: an entity the
             // mutation did not change has one value in both, not compared.
-            // A document that is one entity holding none, before and after:
-            // the entity is all that changed (most key documents).
+            // A document that is one entity, holding the same unchanged
+            // entities before and after: the entity is all that changed
+            // (most key documents).
             var known: String?
-            if changed, let new, let id = store.soleWrittenLeafEntity(new), case .object(let o)? = old,
+            if changed, let new, let id = store.soleChangedEntity(new, valueChanged: valueChanged), case .object(let o)? = old,
                o.identity(idKey: tree.idKey) == id {
                 known = id
                 // Under the internal checks (tests, fuzzers), against the walk.
                 if configuration.internalChecks && tree.diff(old: old, new: new) != ([id], []) {
-                    preconditionFailure("Concord internal check failed: the document of leaf entity '\(id)' changed more than the entity")
+                    preconditionFailure("Concord internal check failed: the document of entity '\(id)' changed more than the entity")
                 }
             }
             writeDocumentBody(&w, old: old, new: new, context: context, valueChanged: valueChanged, onlyChanged: known)

@@ -176,16 +176,17 @@ final class Store {
     }
 
     /// The identity of `value`'s root when that is an entity the running
-    /// mutation wrote and that holds no entity, now or before the mutation:
-    /// then it is the only identity in the tree, and a document that is
-    /// this entity before and after changed exactly it (no walk of the two
-    /// trees to find out).
-    func soleWrittenLeafEntity(_ value: JSON) -> String? {
-        guard case .object(let o) = value, let id = o.identity(idKey: tree.idKey), let rec = entities[id],
-              rec.children.isEmpty else { return nil }
+    /// mutation wrote, holding the same entities as before it, none of
+    /// which changed (`valueChanged`: the mutation's; a change below a
+    /// child makes the child change too). A document that is this entity
+    /// before and after then changed exactly it: the same identities, each
+    /// other one with its value (no walk of the two trees to find out).
+    func soleChangedEntity(_ value: JSON, valueChanged: IDSet) -> String? {
+        guard case .object(let o) = value, let id = o.identity(idKey: tree.idKey), let rec = entities[id] else { return nil }
         let mark = rec.mutationMark
         guard mark >> EntityRecord.markBits == mutationGeneration, mark & EntityRecord.written != 0,
               mark & EntityRecord.childrenChanged == 0 else { return nil }
+        for c in rec.children.keys where valueChanged.contains(c) { return nil }
         return id
     }
 

@@ -136,6 +136,13 @@ struct KeySubscriberTests {
         #expect(lists() == [["X:1"], []])
         w.ok(#"{"op":"update","key":"doc","model":{"id":"X:1","n":2,"by":{"id":"Y:1","name":"y"}}}"#)
         #expect(lists() == [["X:1", "Y:1"], []])
+        // Holding the same entity, unchanged: only the holder; changed with it: both.
+        w.ok(#"{"op":"update","key":"doc","model":{"id":"X:1","n":21,"by":{"id":"Y:1","name":"y"}}}"#)
+        #expect(lists() == [["X:1"], []])
+        w.ok(#"{"op":"update","key":"doc","model":{"id":"X:1","n":22,"by":{"id":"Y:1","name":"y2"}}}"#)
+        #expect(lists() == [["X:1", "Y:1"], []])
+        w.ok(#"{"op":"update","model":{"id":"Y:1","name":"y3"}}"#)
+        #expect(lists() == [["X:1", "Y:1"], []])
         w.ok(#"{"op":"update","key":"doc","model":{"id":"X:1","n":3}}"#)
         #expect(lists() == [["X:1"], ["Y:1"]])
         // The entity written on its own (not through the key): the document follows.
