@@ -84,10 +84,17 @@ final class KeyView: SharedView {
 
 /// The subscribers of one key, as the engine's key table holds them: the
 /// subscription itself while it is the key's only one (no view object), or
-/// a shared ``KeyView`` of two or more. Eight bytes either way.
+/// a shared ``KeyView`` of two or more. Eight bytes either way: the case is
+/// kept in the pointer's spare bits.
+///
+/// `shared` is the first case on purpose: the first case's pointer is
+/// stored as it is, the other's with a tag bit set, which the leak
+/// sanitizer's scan does not recognise as a pointer. A view is referenced
+/// only from here, so it must be the plain one; a subscription alone is
+/// also in its connection's table.
 enum KeySubscribers: Named {
-    case alone(SubscriptionRecord)
     case shared(KeyView)
+    case alone(SubscriptionRecord)
 
     var key: String {
         switch self {
