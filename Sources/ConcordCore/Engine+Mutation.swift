@@ -158,7 +158,8 @@ extension Engine {
             client.coalesced = []
         }
         modelWatchers = [:]
-        // A shared view and its subscribers hold each other: break the links.
+        // A collection view and its subscribers hold each other: break the
+        // links (a key's subscriptions do not hold their view).
         for v in collectionViews.values { v.removeAll() }
         keyViews.removeAll()
         collectionViews.removeAll()
@@ -205,12 +206,18 @@ extension Engine {
         view.forEach { s in
             s.client.output.append(deleteEventBytes(s, seq: seq, context: context))
             markDirty(s.client)
-            s.client.subs[s.name] = nil
-            s.pause = nil
-            s.slot = -1
-            subscriptionCount -= 1
-            subscriptionsByKind[s.kind.metricIndex] -= 1
+            forgetEnded(s)
         }
+    }
+
+    /// A subscription its view ended (its last event is queued): gone from
+    /// its connection and the counts. The caller unfiles the view itself.
+    func forgetEnded(_ s: SubscriptionRecord) {
+        s.client.subs[s.name] = nil
+        s.pause = nil
+        s.slot = -1
+        subscriptionCount -= 1
+        subscriptionsByKind[s.kind.metricIndex] -= 1
     }
 
     /// One shared payload to every running subscriber of a view, each with its own header.

@@ -505,11 +505,7 @@ extension Engine {
             for s in Self.ordered(subs) {
                 s.client.output.append(limitEndEventBytes(s, seq: seq, message: message))
                 markDirty(s.client)
-                s.client.subs[s.name] = nil
-                s.pause = nil
-                s.slot = -1
-                subscriptionCount -= 1
-                subscriptionsByKind[s.kind.metricIndex] -= 1
+                forgetEnded(s)
             }
             for w in view.windows { w.removeAll() }
             dropQueryView(view)

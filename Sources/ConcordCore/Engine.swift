@@ -191,7 +191,7 @@ public final class Engine {
     }
 
     deinit {
-        // Shared views and their subscriptions hold each other; unregistering
+        // Collection views and their subscriptions hold each other; unregistering
         // breaks the links, so a discarded engine frees everything.
         for id in Array(clients.keys) { close(id) }
         while hasDeferredWork { doDeferredWork(units: 1 << 20) }

@@ -99,7 +99,7 @@ enum KeySubscribers: Named {
     var key: String {
         switch self {
         case .alone(let s):
-            guard case .key(let k) = s.kind else { preconditionFailure("a key table entry that is not a key subscription") }
+            guard let k = s.cacheKey else { preconditionFailure("a key table entry that is not a key subscription") }
             return k
         case .shared(let v):
             return v.key
