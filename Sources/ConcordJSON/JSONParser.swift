@@ -45,8 +45,9 @@ public struct JSONParser {
     /// instead of encoding the tree again.
     public func parse(_ bytes: [UInt8], verbatimMember name: StaticString) throws(JSONParseError) -> (JSON, verbatim: Range<Int>?) {
         try bytes.withUnsafeBufferPointer { (buf) throws(JSONParseError) -> (JSON, verbatim: Range<Int>?) in
-            var state = ParserState(buf: buf, maxDepth: maxDepth)
-            defer { state.releaseStacks() }
+            let scratch = ParseScratch.current
+            var state = ParserState(buf: buf, maxDepth: maxDepth, scratch: scratch)
+            defer { state.giveBack(to: scratch) }
             state.captureName = UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
             let value = try parse(&state)
             return (value, state.captured)
@@ -54,8 +55,9 @@ public struct JSONParser {
     }
 
     public func parse(_ buf: UnsafeBufferPointer<UInt8>) throws(JSONParseError) -> JSON {
-        var state = ParserState(buf: buf, maxDepth: maxDepth)
-        defer { state.releaseStacks() }
+        let scratch = ParseScratch.current
+        var state = ParserState(buf: buf, maxDepth: maxDepth, scratch: scratch)
+        defer { state.giveBack(to: scratch) }
         return try parse(&state)
     }
 
@@ -80,9 +82,13 @@ struct ParserState {
     /// The members and items of the objects and arrays being parsed, as
     /// stacks: a container's own are moved off at its end into one array of
     /// exactly their number (one allocation per container, none to grow, no
-    /// reference counted twice). Freed by `releaseStacks()`.
+    /// reference counted twice). The tree parser's are the thread's
+    /// `ParseScratch`'s, taken at the start and given back by `giveBack(to:)`;
+    /// the tape pushes nothing on them.
     var memberStack = MoveStack<JSONObject.Member>()
     var itemStack = MoveStack<JSON>()
+    /// The thread's table of short strings (the tree parser's; the tape builds none).
+    let shortStrings: ShortStrings?
     /// How often the text differed from what `JSONWriter` writes for the
     /// tree (whitespace skipped, an escaped string, a repeated name).
     var irregular = 0
@@ -94,12 +100,36 @@ struct ParserState {
     init(buf: UnsafeBufferPointer<UInt8>, maxDepth: Int) {
         self.buf = buf
         self.maxDepth = maxDepth
+        self.shortStrings = nil
     }
 
-    /// Frees the stacks (and whatever a failed parse left on them).
-    mutating func releaseStacks() {
-        memberStack.release()
-        itemStack.release()
+    /// A state using `scratch`'s stacks and table until `giveBack(to:)`.
+    init(buf: UnsafeBufferPointer<UInt8>, maxDepth: Int, scratch: ParseScratch) {
+        self.buf = buf
+        self.maxDepth = maxDepth
+        self.shortStrings = scratch.table
+        swap(&memberStack, &scratch.memberStack)
+        swap(&itemStack, &scratch.itemStack)
+    }
+
+    /// Empties the stacks (whatever a failed parse left on them) and gives
+    /// them back to `scratch`.
+    mutating func giveBack(to scratch: ParseScratch) {
+        memberStack.removeAll()
+        itemStack.removeAll()
+        swap(&memberStack, &scratch.memberStack)
+        swap(&itemStack, &scratch.itemStack)
+    }
+
+    /// The string of the plain ASCII bytes `start..<end`: a short one
+    /// through the scratch's table.
+    @inline(__always)
+    func asciiText(_ start: Int, _ end: Int) -> String {
+        let n = end - start
+        if n <= 15, let shortStrings {
+            return shortStrings.ascii(buf.baseAddress! + start, count: n, readable: buf.count - start)
+        }
+        return asciiString(UnsafeBufferPointer(rebasing: buf[start..<end]))
     }
 
     func error(_ reason: String, kind: JSONParseError.Kind = .syntax) -> JSONParseError {
@@ -246,7 +276,7 @@ struct ParserState {
 
     mutating func parseNumber() throws(JSONParseError) -> JSONNumber {
         let start = try scanNumber()
-        return JSONNumber(unchecked: asciiString(UnsafeBufferPointer(rebasing: buf[start..<pos])))
+        return JSONNumber(unchecked: asciiText(start, pos))
     }
 
     /// Checks a number's syntax and moves past it; returns where it started.
@@ -322,9 +352,10 @@ struct ParserState {
             guard pos < buf.count else { break }
             let c = buf[pos]
             if c == UInt8(ascii: "\"") {
-                let slice = UnsafeBufferPointer(rebasing: buf[start..<pos])
+                let end = pos
                 pos += 1
-                if ascii { return asciiString(slice) }
+                if ascii { return asciiText(start, end) }
+                let slice = UnsafeBufferPointer(rebasing: buf[start..<end])
                 guard let s = String(validating: slice, as: UTF8.self) else {
                     pos = start
                     throw error("a string is not valid UTF-8")
@@ -477,6 +508,13 @@ struct MoveStack<Element> {
             out.baseAddress!.moveInitialize(from: from, count: n)
             initialized = n
         }
+    }
+
+    /// Destroys the elements, keeping the memory.
+    mutating func removeAll() {
+        guard let base, count > 0 else { return }
+        base.deinitialize(count: count)
+        count = 0
     }
 
     mutating func release() {

@@ -24,6 +24,46 @@ struct JSONParserTests {
         #expect(throws: JSONParseError.self) { try parser.parse(text) }
     }
 
+    /// Short strings come from the thread's table: every length from 0 to
+    /// 20, at every distance from the end of the line (the words are loaded
+    /// whole only when 16 bytes are readable), names and values, texts that
+    /// share a first word or differ only in their last byte, many more
+    /// than the table has slots (hits, misses, slots taken over).
+    @Test func shortStringsFromTheTableAreTheTextsParsed() throws {
+        var rng = SystemRandomNumberGenerator()
+        let alphabet = Array("abcdefghij0123456789 _:-".utf8)
+        var texts: [String] = []
+        for n in 0...20 {
+            for _ in 0..<12 {
+                texts.append(String(decoding: (0..<n).map { _ in alphabet.randomElement(using: &rng)! }, as: UTF8.self))
+            }
+            let stem = String(repeating: "x", count: n)
+            texts.append(stem)
+            if n > 0 { texts.append(String(stem.dropLast()) + "y") }
+        }
+        // Many texts alike in one word and length, so that some share a slot.
+        for n in 9...15 {
+            for _ in 0..<300 {
+                let tail = String(decoding: (8..<n).map { _ in alphabet.randomElement(using: &rng)! }, as: UTF8.self)
+                texts.append("same8byt" + tail)
+                texts.append(tail + String(repeating: "w", count: 16 - n) + "sameend")
+            }
+        }
+        for round in 0..<2 {
+            for t in texts.shuffled(using: &rng) {
+                // As a value at the end of the line, as a name, and as an array item.
+                #expect(try parser.parse("\"\(t)\"") == .string(t), "round \(round): \(t)")
+                let v = try parser.parse(#"{"\#(t)":"\#(t)","n":[\#(t.count),"\#(t)"]}"#)
+                guard case .object(let o) = v, o.members.count == 2 else {
+                    Issue.record("not an object of two members: \(v)")
+                    continue
+                }
+                #expect(o.members[0].key == t && o.members[0].value == .string(t))
+                #expect(o.members[1].value == .array([.number(JSONNumber(t.count)), .string(t)]))
+            }
+        }
+    }
+
     @Test func rejectsInvalidUTF8() {
         for bytes: [UInt8] in [[0x22, 0xC3, 0x28, 0x22], [0x22, 0xFF, 0x22], [0x22, 0xED, 0xA0, 0x80, 0x22], [0x22, 0xE2, 0x82, 0x22]] {
             #expect(throws: JSONParseError.self) { try parser.parse(bytes) }

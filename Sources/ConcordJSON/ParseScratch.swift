@@ -1,0 +1,116 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// What the tree parser reuses from one line to the next on one thread:
+/// its two stacks (grown once, not allocated and freed per line) and a
+/// table of the short ASCII strings it built recently.
+///
+/// Member names repeat from line to line ("op", "model", "id", a model's
+/// own names) and so do short values (an op, a small number): a string of
+/// at most 15 bytes is a value with no storage of its own, and a table hit
+/// — one multiply, two word compares — hands it back for ~30 instructions
+/// where building and validating it costs ~150. A miss builds it and takes
+/// the slot (one slot per hash, no chains: bounded memory, ~10 KB per thread).
+///
+/// One per thread (`current`), made on first use and freed when the thread
+/// ends: parsers run on the sequencer, on the worker pool and on the
+/// big-line thread, and a thread parses one line at a time. A parse takes
+/// the stacks out of the scratch and puts them back when done, so a parse
+/// nested in another (none today) would only find them empty.
+final class ParseScratch {
+    var memberStack = MoveStack<JSONObject.Member>()
+    var itemStack = MoveStack<JSON>()
+    let table: ShortStrings
+
+    init() { table = ShortStrings() }
+
+    deinit {
+        memberStack.release()
+        itemStack.release()
+        table.free()
+    }
+
+    nonisolated(unsafe) private static let key: pthread_key_t = {
+        var k = pthread_key_t()
+        let rc = pthread_key_create(&k) { p in
+            if let p { Unmanaged<ParseScratch>.fromOpaque(p).release() }
+        }
+        precondition(rc == 0, "pthread_key_create failed (\(rc))")
+        return k
+    }()
+
+    /// This thread's scratch.
+    static var current: ParseScratch {
+        if let p = pthread_getspecific(key) { return Unmanaged<ParseScratch>.fromOpaque(p).takeUnretainedValue() }
+        let s = ParseScratch()
+        pthread_setspecific(key, Unmanaged.passRetained(s).toOpaque())
+        return s
+    }
+}
+
+/// The scratch's table of short strings: the bytes of each slot
+/// (little-endian words, zero past the count) apart from its strings, so
+/// that a probe reads three plain words and copies a string only on a hit.
+/// Owned by its `ParseScratch` (`free()` in its deinit); parser states
+/// hold it as a plain value.
+struct ShortStrings {
+    static let slots = 256
+
+    struct Bytes {
+        var w0: UInt64
+        var w1: UInt64
+        var count: Int
+    }
+
+    let bytes: UnsafeMutablePointer<Bytes>
+    let strings: UnsafeMutablePointer<String>
+
+    init() {
+        bytes = .allocate(capacity: Self.slots)
+        bytes.initialize(repeating: Bytes(w0: 0, w1: 0, count: -1), count: Self.slots)
+        strings = .allocate(capacity: Self.slots)
+        strings.initialize(repeating: "", count: Self.slots)
+    }
+
+    func free() {
+        bytes.deallocate()
+        strings.deinitialize(count: Self.slots)
+        strings.deallocate()
+    }
+
+    /// The string of the ASCII bytes `base[0..<count]` (`count` ≤ 15),
+    /// from the table when it holds them. `readable`: how many bytes from
+    /// `base` may be loaded (the words are loaded whole when 16 are).
+    @inline(__always)
+    func ascii(_ base: UnsafePointer<UInt8>, count: Int, readable: Int) -> String {
+        var w0: UInt64 = 0, w1: UInt64 = 0
+        if readable >= 16 {
+            let raw = UnsafeRawPointer(base)
+            w0 = UInt64(littleEndian: raw.loadUnaligned(as: UInt64.self))
+            w1 = UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+            if count < 8 {
+                w0 &= count == 0 ? 0 : ~0 &>> UInt64(64 &- 8 &* count)
+                w1 = 0
+            } else {
+                w1 &= count == 8 ? 0 : ~0 &>> UInt64(128 &- 8 &* count)
+            }
+        } else {
+            for i in 0..<count {
+                if i < 8 { w0 |= UInt64(base[i]) &<< UInt64(8 &* i) } else { w1 |= UInt64(base[i]) &<< UInt64(8 &* (i &- 8)) }
+            }
+        }
+        let h = (w0 &* 0x9E37_79B9_7F4A_7C15) ^ (w1 &* 0xC2B2_AE3D_27D4_EB4F) ^ UInt64(count)
+        let i = Int(truncatingIfNeeded: (h &* 0xFF51_AFD7_ED55_8CCD) &>> 56)
+        let b = bytes + i
+        if b.pointee.count == count && b.pointee.w0 == w0 && b.pointee.w1 == w1 {
+            return strings[i]
+        }
+        let s = asciiString(UnsafeBufferPointer(start: base, count: count))
+        b.pointee = Bytes(w0: w0, w1: w1, count: count)
+        strings[i] = s
+        return s
+    }
+}
