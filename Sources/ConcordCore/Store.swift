@@ -229,9 +229,13 @@ final class Store {
     func commit() {
         mutationGeneration &+= 1
         if !writtenInMutation.isEmpty { writtenInMutation.removeAll(keepingCapacity: true) }
-        if !entityJournal.isEmpty { entityJournal.removeAll(keepingCapacity: true) }
+        // Popped one by one: each entry's destruction is this module's
+        // specialized code, where `removeAll` destroys through the
+        // runtime's generic tuple and optional witnesses (~40 % more per
+        // entry, and a rename frees a hundred of them).
+        while entityJournal.popLast() != nil {}
         if !journaledAbsent.isEmpty { journaledAbsent.removeAll(keepingCapacity: true) }
-        if !documentJournal.isEmpty { documentJournal.removeAll(keepingCapacity: true) }
+        while documentJournal.popLast() != nil {}
         if !journaledAbsentDocuments.isEmpty { journaledAbsentDocuments.removeAll(keepingCapacity: true) }
         if !collectionUndo.isEmpty { collectionUndo.removeAll(keepingCapacity: true) }
         if !collectionChanges.isEmpty { collectionChanges.removeAll(keepingCapacity: true) }
@@ -728,10 +732,17 @@ final class Store {
 
     /// A new materialized value with the same nested identities (a child's
     /// new version substituted): the normalized structure stays as it is.
-    private func refreshEntity(_ rec: EntityRecord, _ id: String, _ value: JSON) {
-        journal(rec, id)
+    private func refreshEntity(_ rec: EntityRecord, _ id: String, _ value: __owned JSON) {
+        if touchedInThisMutation(rec) {
+            rec.value = value
+        } else {
+            // The old value moves into the journal (no retain and release).
+            rec.journalIndex = Int32(entityJournal.count)
+            var old = value
+            swap(&old, &rec.value)
+            entityJournal.append((id, old))
+        }
         markMutation(rec, EntityRecord.substituted)
-        rec.value = value
     }
 
     /// The document's top-most entities re-substituted: same children.

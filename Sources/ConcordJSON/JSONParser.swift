@@ -504,10 +504,14 @@ struct MoveStack<Element> {
         guard n > 0 else { return [] }
         let from = base! + start
         count = start
-        return Array(unsafeUninitializedCapacity: n) { out, initialized in
-            out.baseAddress!.moveInitialize(from: from, count: n)
-            initialized = n
-        }
+        // Not `Array(unsafeUninitializedCapacity:)`: that allocates in the
+        // runtime, unspecialized, which looks the storage's type up in a
+        // table on every call (~330 instructions); `reserveCapacity` and
+        // `append` are inlined here with the type known.
+        var out: [Element] = []
+        out.reserveCapacity(n)
+        for i in 0..<n { out.append((from + i).move()) }
+        return out
     }
 
     /// Destroys the elements, keeping the memory.
