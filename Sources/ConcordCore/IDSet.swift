@@ -58,7 +58,7 @@ struct IDSet: Sequence, ExpressibleByArrayLiteral {
 
     struct Iterator: IteratorProtocol {
         fileprivate var first: String?
-        fileprivate let rest: [String]
+        fileprivate let rest: IDTable<Void>
         fileprivate var i = 0
 
         mutating func next() -> String? {
@@ -68,12 +68,12 @@ struct IDSet: Sequence, ExpressibleByArrayLiteral {
             }
             guard i < rest.count else { return nil }
             defer { i += 1 }
-            return rest[i]
+            return rest.key(at: i)
         }
     }
 
     func makeIterator() -> Iterator {
-        Iterator(first: first, rest: rest.keys)
+        Iterator(first: first, rest: rest)
     }
 
     var underestimatedCount: Int { count }

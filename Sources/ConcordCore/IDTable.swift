@@ -7,7 +7,9 @@
 /// with a seeded multiply-mix hash (`IDHash`, ~20–40 instructions), each
 /// entry keeps 32 bits of its hash (a probe compares those before the
 /// strings; growing never hashes again), and the slots are 4-byte indices
-/// into dense arrays of keys and values.
+/// into dense arrays of keys and values. The arrays are memory the storage
+/// manages itself (no `Array`: each access to an array held by a class
+/// retained and released its buffer, and a lookup made three).
 ///
 /// Iteration order is the dense order: insertion order, except that a
 /// removal moves the last entry into the hole. It is the same on every run
@@ -23,63 +25,118 @@ struct IDTable<Value> {
     private var storage: Storage? = nil
 
     final class Storage {
-        var keys: [String] = []
-        var values: [Value] = []
-        var hashes: [UInt32] = []
-        /// Index into the dense arrays, or -1 (empty). A power of two.
-        var slots: [Int32] = []
+        /// Entries `0..<count` of the dense arrays are initialized.
+        private(set) var count = 0
+        private var denseCapacity: Int
+        private(set) var keys: UnsafeMutablePointer<String>
+        private(set) var values: UnsafeMutablePointer<Value>
+        private(set) var hashes: UnsafeMutablePointer<UInt32>
+        /// Index into the dense arrays, or -1 (empty); `slotCount` of them, a power of two.
+        private(set) var slots: UnsafeMutablePointer<Int32>
+        private(set) var slotCount: Int
 
-        init() {}
+        /// `IDHash.seed`, kept here: reading a static `let` goes through
+        /// `swift_once` on every call, and every lookup hashes.
+        let seed = IDHash.seed
 
-        func copy() -> Storage {
-            let c = Storage()
-            c.keys = keys
-            c.values = values
-            c.hashes = hashes
-            c.slots = slots
+        /// The hash of `key` in this table.
+        @inline(__always)
+        func hash(_ key: String) -> UInt32 { IDHash.of(key, seed: seed) }
+
+        init(denseCapacity: Int, slotCount: Int) {
+            self.denseCapacity = denseCapacity
+            keys = .allocate(capacity: denseCapacity)
+            values = .allocate(capacity: denseCapacity)
+            hashes = .allocate(capacity: denseCapacity)
+            self.slotCount = slotCount
+            slots = .allocate(capacity: slotCount)
+            slots.initialize(repeating: -1, count: slotCount)
+        }
+
+        deinit {
+            keys.deinitialize(count: count)
+            keys.deallocate()
+            values.deinitialize(count: count)
+            values.deallocate()
+            hashes.deallocate()
+            slots.deallocate()
+        }
+
+        func copy(denseCapacity: Int? = nil) -> Storage {
+            let c = Storage(denseCapacity: Swift.max(denseCapacity ?? self.denseCapacity, count), slotCount: slotCount)
+            c.keys.initialize(from: keys, count: count)
+            c.values.initialize(from: values, count: count)
+            c.hashes.initialize(from: hashes, count: count)
+            c.slots.update(from: slots, count: slotCount)
+            c.count = count
             return c
+        }
+
+        var isFull: Bool { count == denseCapacity }
+
+        /// The value under `key`. (A method of the storage, called through
+        /// the table's optional: the storage is borrowed, where binding it
+        /// to a name retained and released it around every lookup.)
+        @inline(__always)
+        func value(_ key: String) -> Value? {
+            guard count > 0, let e = find(key, hash(key)).entry else { return nil }
+            return values[e]
+        }
+
+        /// The entry of `key` in the dense order.
+        @inline(__always)
+        func entry(_ key: String) -> Int? {
+            count > 0 ? find(key, hash(key)).entry : nil
         }
 
         /// The slot holding `key` (or the empty slot where it would go) and its entry.
         @inline(__always)
         func find(_ key: String, _ h: UInt32) -> (slot: Int, entry: Int?) {
-            let mask = slots.count - 1
+            let mask = slotCount &- 1
             var i = Int(h) & mask
             while true {
                 let e = Int(slots[i])
                 if e < 0 { return (i, nil) }
                 if hashes[e] == h && keys[e] == key { return (i, e) }
-                i = (i + 1) & mask
+                i = (i &+ 1) & mask
             }
         }
 
         /// Places every entry again in `size` slots, by the hashes it kept.
         func resize(_ size: Int) {
-            slots = [Int32](repeating: -1, count: size)
+            slots.deallocate()
+            slots = .allocate(capacity: size)
+            slots.initialize(repeating: -1, count: size)
+            slotCount = size
             let mask = size - 1
-            for e in hashes.indices {
+            for e in 0..<count {
                 var i = Int(hashes[e]) & mask
                 while slots[i] >= 0 { i = (i + 1) & mask }
                 slots[i] = Int32(e)
             }
         }
 
-        /// Room for one more entry; returns where `key` is or would go.
+        /// Room for one more entry in the slots; returns where `key` is or
+        /// would go. (The dense arrays' room is the table's to make: they
+        /// are replaced when they grow, see `IDTable.grown`.)
         @inline(__always)
         func prepareInsert(_ key: String, _ h: UInt32) -> (slot: Int, entry: Int?) {
-            if (keys.count + 1) * 2 > slots.count { resize(Swift.max(8, slots.count * 2)) }
+            if (count + 1) * 2 > slotCount { resize(Swift.max(8, slotCount * 2)) }
             return find(key, h)
         }
 
-        func append(_ key: String, _ value: Value, _ h: UInt32, at slot: Int) {
-            slots[slot] = Int32(keys.count)
-            keys.append(key)
-            values.append(value)
-            hashes.append(h)
+        /// Appends an entry (the dense arrays have room).
+        @inline(__always)
+        func append(_ key: String, _ value: __owned Value, _ h: UInt32, at slot: Int) {
+            slots[slot] = Int32(count)
+            (keys + count).initialize(to: key)
+            (values + count).initialize(to: value)
+            hashes[count] = h
+            count += 1
         }
 
         func remove(slot: Int, entry: Int) -> Value {
-            let mask = slots.count - 1
+            let mask = slotCount - 1
             // Backward-shift deletion: later entries of the run move up to stay reachable.
             var hole = slot
             var j = (hole + 1) & mask
@@ -94,57 +151,99 @@ struct IDTable<Value> {
             }
             slots[hole] = -1
             // The dense arrays stay dense: the last entry moves into the removed one's place.
-            let last = keys.count - 1
-            let old = values[entry]
+            let last = count - 1
+            (keys + entry).deinitialize(count: 1)
+            let old = (values + entry).move()
             if entry != last {
                 var k = Int(hashes[last]) & mask
                 while Int(slots[k]) != last { k = (k + 1) & mask }
                 slots[k] = Int32(entry)
-                keys.swapAt(entry, last)
-                values.swapAt(entry, last)
-                hashes.swapAt(entry, last)
+                (keys + entry).moveInitialize(from: keys + last, count: 1)
+                (values + entry).moveInitialize(from: values + last, count: 1)
+                hashes[entry] = hashes[last]
             }
-            keys.removeLast()
-            values.removeLast()
-            hashes.removeLast()
-            if slots.count > 16 && keys.count * 8 < slots.count { resize(slots.count / 2) }
+            count = last
+            if slotCount > 16 && count * 8 < slotCount { resize(slotCount / 2) }
             return old
+        }
+
+        /// Destroys every entry, keeping the memory.
+        func removeAll() {
+            keys.deinitialize(count: count)
+            values.deinitialize(count: count)
+            count = 0
+            slots.update(repeating: -1, count: slotCount)
+        }
+
+        /// Room for `n` entries in the dense arrays (moved to new memory).
+        func growDense(to n: Int) {
+            guard n > denseCapacity else { return }
+            let k = UnsafeMutablePointer<String>.allocate(capacity: n)
+            k.moveInitialize(from: keys, count: count)
+            keys.deallocate()
+            keys = k
+            let v = UnsafeMutablePointer<Value>.allocate(capacity: n)
+            v.moveInitialize(from: values, count: count)
+            values.deallocate()
+            values = v
+            let h = UnsafeMutablePointer<UInt32>.allocate(capacity: n)
+            h.moveInitialize(from: hashes, count: count)
+            hashes.deallocate()
+            hashes = h
+            denseCapacity = n
         }
     }
 
     init() {}
 
-    var count: Int { storage?.keys.count ?? 0 }
+    var count: Int { storage?.count ?? 0 }
     var isEmpty: Bool { count == 0 }
     /// The keys in iteration order.
-    var keys: [String] { storage?.keys ?? [] }
-    var values: [Value] { storage?.values ?? [] }
+    var keys: [String] {
+        guard let s = storage else { return [] }
+        return Array(UnsafeBufferPointer(start: s.keys, count: s.count))
+    }
+    var values: [Value] {
+        guard let s = storage else { return [] }
+        return Array(UnsafeBufferPointer(start: s.values, count: s.count))
+    }
 
-    /// The storage, unshared, for a mutation.
+    /// The key at `i` in iteration order (`0..<count`).
     @inline(__always)
-    private mutating func unique() -> Storage {
+    func key(at i: Int) -> String { storage!.keys[i] }
+
+    /// The storage, unshared (and with room for one more entry when
+    /// `adding`), for a mutation.
+    @inline(__always)
+    private mutating func unique(adding: Bool = true) -> Storage {
+        // Uniqueness is asked before `storage` is bound to a name: a binding
+        // is a second reference, and every mutation would copy.
         if storage == nil {
-            storage = Storage()
-        } else if !isKnownUniquelyReferenced(&storage!) {
-            storage = storage!.copy()
+            let s = Storage(denseCapacity: 4, slotCount: 8)
+            storage = s
+            return s
         }
-        return storage!
+        if !isKnownUniquelyReferenced(&storage!) {
+            let s = storage!
+            let c = s.copy(denseCapacity: adding && s.isFull ? s.count * 2 : nil)
+            storage = c
+            return c
+        }
+        let s = storage!
+        if adding && s.isFull { s.growDense(to: s.count * 2) }
+        return s
     }
 
     /// Where `key` lies in the dense order.
     @inline(__always)
     func index(of key: String) -> Int? {
-        guard let s = storage, !s.keys.isEmpty else { return nil }
-        return s.find(key, IDHash.of(key)).entry
+        storage?.entry(key)
     }
 
     func contains(_ key: String) -> Bool { index(of: key) != nil }
 
     subscript(key: String) -> Value? {
-        get {
-            guard let s = storage, !s.keys.isEmpty else { return nil }
-            return s.find(key, IDHash.of(key)).entry.map { s.values[$0] }
-        }
+        get { storage?.value(key) }
         set {
             if let newValue { updateValue(newValue, forKey: key) } else { removeValue(forKey: key) }
         }
@@ -152,13 +251,13 @@ struct IDTable<Value> {
 
     /// Sets the value; returns the old one (nil: `key` is new).
     @discardableResult
-    mutating func updateValue(_ value: Value, forKey key: String) -> Value? {
+    mutating func updateValue(_ value: __owned Value, forKey key: String) -> Value? {
         let s = unique()
-        let h = IDHash.of(key)
+        let h = s.hash(key)
         let (slot, entry) = s.prepareInsert(key, h)
         if let entry {
-            let old = s.values[entry]
-            s.values[entry] = value
+            let old = (s.values + entry).move()
+            (s.values + entry).initialize(to: value)
             return old
         }
         s.append(key, value, h, at: slot)
@@ -167,9 +266,9 @@ struct IDTable<Value> {
 
     /// Adds `key` unless present; returns whether it was absent.
     @discardableResult
-    mutating func insert(_ key: String, _ value: Value) -> Bool {
+    mutating func insert(_ key: String, _ value: __owned Value) -> Bool {
         let s = unique()
-        let h = IDHash.of(key)
+        let h = s.hash(key)
         let (slot, entry) = s.prepareInsert(key, h)
         if entry != nil { return false }
         s.append(key, value, h, at: slot)
@@ -182,11 +281,11 @@ struct IDTable<Value> {
     @discardableResult
     mutating func modify(_ key: String, default initial: @autoclosure () -> Value, _ body: (inout Value) -> Bool) -> Bool {
         let s = unique()
-        let h = IDHash.of(key)
+        let h = s.hash(key)
         var (slot, found) = s.prepareInsert(key, h)
         if found == nil {
             s.append(key, initial(), h, at: slot)
-            found = s.keys.count - 1
+            found = s.count - 1
         }
         let entry = found!
         if body(&s.values[entry]) { return true }
@@ -196,12 +295,18 @@ struct IDTable<Value> {
 
     @discardableResult
     mutating func removeValue(forKey key: String) -> Value? {
-        guard storage != nil, !storage!.keys.isEmpty else { return nil }
         // Found before `unique()` (an absent key copies nothing); a copy has
         // the same slots and entries, so the place found holds in it too.
-        let (slot, found) = storage!.find(key, IDHash.of(key))
-        guard let entry = found else { return nil }
-        return unique().remove(slot: slot, entry: entry)
+        // (In a function of its own: a binding of the storage alive at
+        // `unique()` would make it copy.)
+        guard let (slot, entry) = locate(key) else { return nil }
+        return unique(adding: false).remove(slot: slot, entry: entry)
+    }
+
+    private func locate(_ key: String) -> (slot: Int, entry: Int)? {
+        guard let s = storage, s.count > 0 else { return nil }
+        let (slot, found) = s.find(key, s.hash(key))
+        return found.map { (slot, $0) }
     }
 
     mutating func removeAll(keepingCapacity: Bool = false) {
@@ -210,25 +315,22 @@ struct IDTable<Value> {
             storage = nil
             return
         }
-        let s = unique()
-        s.keys.removeAll(keepingCapacity: true)
-        s.values.removeAll(keepingCapacity: true)
-        s.hashes.removeAll(keepingCapacity: true)
-        for i in s.slots.indices { s.slots[i] = -1 }
+        unique(adding: false).removeAll()
     }
 
     mutating func reserveCapacity(_ n: Int) {
-        let s = unique()
-        var size = Swift.max(8, s.slots.count)
+        let s = unique(adding: false)
+        var size = Swift.max(8, s.slotCount)
         while n * 2 > size { size *= 2 }
-        if size > s.slots.count { s.resize(size) }
-        s.keys.reserveCapacity(n)
-        s.values.reserveCapacity(n)
-        s.hashes.reserveCapacity(n)
+        if size > s.slotCount { s.resize(size) }
+        s.growDense(to: n)
     }
 
     /// Slots allocated (for tests of growth and shrinking).
-    var capacity: Int { storage?.slots.count ?? 0 }
+    var capacity: Int { storage?.slotCount ?? 0 }
+
+    /// Which storage the table uses (for tests: an unshared table is changed in place).
+    var storageIdentity: ObjectIdentifier? { storage.map(ObjectIdentifier.init) }
 }
 
 extension IDTable: Sequence {
@@ -236,7 +338,7 @@ extension IDTable: Sequence {
         fileprivate let storage: Storage?
         fileprivate var i = 0
         mutating func next() -> (key: String, value: Value)? {
-            guard let s = storage, i < s.keys.count else { return nil }
+            guard let s = storage, i < s.count else { return nil }
             defer { i += 1 }
             return (s.keys[i], s.values[i])
         }
@@ -268,13 +370,18 @@ enum IDHash {
         return r.high ^ r.low
     }
 
+    /// (Through `utf8`'s contiguous storage, which a `String` always has
+    /// here: native or small, never bridged on this platform. The key is
+    /// borrowed, not copied: `withUTF8` is mutating, and the copy it needs
+    /// retained and released the string.)
     @inline(__always)
-    static func of(_ key: String) -> UInt32 {
+    static func of(_ key: String, seed: UInt64 = seed) -> UInt32 {
+        if let h = key.utf8.withContiguousStorageIfAvailable({ of(UnsafeRawBufferPointer($0), seed: seed) }) { return h }
         var s = key
-        return s.withUTF8 { of(UnsafeRawBufferPointer($0)) }
+        return s.withUTF8 { of(UnsafeRawBufferPointer($0), seed: seed) }
     }
 
-    static func of(_ bytes: UnsafeRawBufferPointer) -> UInt32 {
+    static func of(_ bytes: UnsafeRawBufferPointer, seed: UInt64 = seed) -> UInt32 {
         let n = bytes.count
         var h = seed ^ (UInt64(n) &* 0x9E37_79B9_7F4A_7C15)
         var i = 0

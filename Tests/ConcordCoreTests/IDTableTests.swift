@@ -81,6 +81,31 @@ struct IDTableTests {
         #expect(s2.count == 3 && !s2.contains("d") && s1.contains("d"))
     }
 
+    /// An unshared table is changed in place: no copy per insertion (a
+    /// binding of the storage before the uniqueness check made every
+    /// change copy the whole table, ~1 s a thousand entries later), and a
+    /// table shared with an iterator is copied once, then changed in place.
+    @Test func anUnsharedTableIsChangedInPlace() {
+        var t = IDTable<Int>()
+        t.updateValue(0, forKey: "first")
+        let id = t.storageIdentity
+        for i in 0..<3 {
+            t.updateValue(i, forKey: "first")
+            t.insert("k\(i)", i)
+            t.modify("k\(i)", default: 0) { $0 += 1; return true }
+            t.removeValue(forKey: "k\(i)")
+            #expect(t.storageIdentity == id)
+        }
+        var it: IDTable<Int>.Iterator? = t.makeIterator()
+        t.insert("while iterated", 1)
+        let copied = t.storageIdentity
+        #expect(copied != id)
+        t.insert("again", 2)
+        #expect(t.storageIdentity == copied)
+        #expect(it?.next()?.key == "first" && it?.next() == nil)
+        it = nil
+    }
+
     @Test func iterationIsInsertionOrderWithoutRemovals() {
         var table = IDTable<Int>()
         for i in 0..<1000 { table.updateValue(i, forKey: "k\(i)") }
