@@ -46,7 +46,7 @@ extension Engine {
         // leaves them to be made again next time).
         defer {
             if !isBatch {
-                ops.removeAll(keepingCapacity: true)
+                ops.drain()
                 opsScratch = ops
             }
         }
@@ -62,7 +62,7 @@ extension Engine {
         var effects = effectsScratch
         effectsScratch = []
         defer {
-            effects.removeAll(keepingCapacity: true)
+            effects.drain()
             effectsScratch = effects
         }
         var change = StoreChange()

@@ -43,6 +43,28 @@ struct NameTable<Element: Named> {
             buckets.deallocate()
             tags.deallocate()
         }
+
+        /// `IDHash.seed` (the same in every table), kept here: reading the
+        /// static goes through `swift_once`.
+        let seed = IDHash.seed
+
+        /// The element named `name`. (A method of the storage, called
+        /// through the table's optional: the storage is borrowed, not
+        /// retained and released around the lookup.)
+        @inline(__always)
+        func element(_ name: String) -> Element? {
+            guard count > 0 else { return nil }
+            let h = IDHash.of(name, seed: seed)
+            let mask = capacity - 1
+            let tag = NameTable.tag(h)
+            var i = Int(h) & mask
+            while true {
+                let t = tags[i]
+                if t == NameTable.empty { return nil }
+                if t == tag, let e = buckets[i], e.tableName == name { return e }
+                i = (i + 1) & mask
+            }
+        }
     }
 
     private var storage: Storage?
@@ -56,11 +78,11 @@ struct NameTable<Element: Named> {
     /// Buckets allocated (for tests of growth and shrinking).
     var capacity: Int { storage?.capacity ?? 0 }
 
-    private static var empty: UInt8 { 0 }
+    fileprivate static var empty: UInt8 { 0 }
     private static var removed: UInt8 { 1 }
 
     @inline(__always)
-    private static func tag(_ h: UInt32) -> UInt8 { UInt8(truncatingIfNeeded: h >> 25) | 0x80 }
+    fileprivate static func tag(_ h: UInt32) -> UInt8 { UInt8(truncatingIfNeeded: h >> 25) | 0x80 }
 
     /// The index of `name`'s bucket, or nil.
     @inline(__always)
@@ -78,10 +100,7 @@ struct NameTable<Element: Named> {
     }
 
     subscript(name: String) -> Element? {
-        get {
-            guard let st = storage, let i = find(name, IDHash.of(name)) else { return nil }
-            return st.buckets[i]
-        }
+        get { storage?.element(name) }
         set {
             if let newValue {
                 precondition(newValue.tableName == name, "NameTable: an element is stored under its own name")

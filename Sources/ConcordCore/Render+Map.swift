@@ -37,7 +37,7 @@ final class RenderResults: @unchecked Sendable {
 
     /// Empties every slot (releasing what it held) and makes `n` empty ones.
     func reset(count n: Int) {
-        slots.deinitialize(count: count)
+        slots.destroy(count: count)
         if n > capacity {
             slots.deallocate()
             capacity = Swift.max(n, capacity * 2)

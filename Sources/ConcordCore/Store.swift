@@ -228,14 +228,12 @@ final class Store {
     /// Forgets the journal: the running mutation is committed.
     func commit() {
         mutationGeneration &+= 1
-        if !writtenInMutation.isEmpty { writtenInMutation.removeAll(keepingCapacity: true) }
-        // Popped one by one: each entry's destruction is this module's
-        // specialized code, where `removeAll` destroys through the
-        // runtime's generic tuple and optional witnesses (~40 % more per
-        // entry, and a rename frees a hundred of them).
-        while entityJournal.popLast() != nil {}
+        writtenInMutation.drain()
+        // Drained, not `removeAll`: see `Array.drain()` (a rename frees a
+        // hundred entries here).
+        entityJournal.drain()
         if !journaledAbsent.isEmpty { journaledAbsent.removeAll(keepingCapacity: true) }
-        while documentJournal.popLast() != nil {}
+        documentJournal.drain()
         if !journaledAbsentDocuments.isEmpty { journaledAbsentDocuments.removeAll(keepingCapacity: true) }
         if !collectionUndo.isEmpty { collectionUndo.removeAll(keepingCapacity: true) }
         if !collectionChanges.isEmpty { collectionChanges.removeAll(keepingCapacity: true) }
@@ -439,7 +437,7 @@ final class Store {
         }
         // The update's own document is rewritten below: propagation need not refresh it first.
         propagate(from: changed, skipping: u.values, deleted: [], except: u.key, into: &change)
-        changed.removeAll(keepingCapacity: true)
+        changed.drain()
         changedScratch = changed
         if u.force {
             let written = Set(u.values.ids)
