@@ -32,9 +32,18 @@ final class Versions {
     private var tombstones: [(seq: Int, kind: UInt8, name: String)] = []
     private var tombstonesHead = 0
 
-    /// Per recent mutation, the entities it changed (for `feed` with `since`).
-    private(set) var history: [(seq: Int, ids: [String])] = []
+    /// Per recent mutation, the entities it changed (for `feed` with
+    /// `since`): its seq and where its identities end in `historyIDs`
+    /// (they start where the previous mutation's end). One flat list of
+    /// identities, not a list per mutation: an update recorded no
+    /// allocation of its own. Indices into `historyIDs` are absolute:
+    /// `historyIDsBase` is how many were dropped from its front.
+    private var history: [(seq: Int, end: Int)] = []
     private var historyHead = 0
+    private var historyIDs: [String] = []
+    private var historyIDsBase = 0
+    /// Where the oldest kept mutation's identities start (absolute).
+    private var historyStart = 0
     /// Entity names held by `history`.
     private(set) var historyEntities = 0
     /// Replay reaches back to seqs greater than this.
@@ -71,13 +80,13 @@ final class Versions {
     /// included), the keys and collections it wrote that changed.
     func record(seq: Int, written: some Sequence<String>, change: StoreChange, keys: [String], collections written_: [String],
                 collectionChanged: (String) -> Bool, store: Store) {
-        var ids: [String] = []
+        let before = historyIDs.count
         // One hash per name: the old seq comes back from the write.
         for id in written where change.valueChanged.contains(id) {
-            if entities.updateValue(seq, forKey: id) != seq { ids.append(id) }
+            if entities.updateValue(seq, forKey: id) != seq { historyIDs.append(id) }
         }
         for id in change.deleted where entities.updateValue(seq, forKey: id) != seq {
-            ids.append(id)
+            historyIDs.append(id)
             if store.entity(id) == nil { tombstones.append((seq, 0, id)) }
         }
         for key in keys where change.documentsChanged.contains(key) { documents[key] = seq }
@@ -90,9 +99,9 @@ final class Versions {
             collections[name] = seq
             if store.collections[name] == nil { tombstones.append((seq, 2, name)) }
         }
-        if !ids.isEmpty {
-            history.append((seq, ids))
-            historyEntities += ids.count
+        if historyIDs.count > before {
+            history.append((seq, historyIDsBase + historyIDs.count))
+            historyEntities += historyIDs.count - before
         }
         trim(seq: seq)
     }
@@ -133,13 +142,19 @@ final class Versions {
         while historyHead < history.count,
               history[historyHead].seq <= seq - historyMutations || historyEntities > historyEntityLimit {
             historyFloor = history[historyHead].seq
-            historyEntities -= history[historyHead].ids.count
-            history[historyHead].ids = []
+            historyEntities -= history[historyHead].end - historyStart
+            historyStart = history[historyHead].end
             historyHead += 1
         }
         if historyHead > 1024 && historyHead * 2 > history.count {
             history.removeFirst(historyHead)
             historyHead = 0
+        }
+        // The identities of dropped mutations go in the same amortized way.
+        let dropped = historyStart - historyIDsBase
+        if dropped > 1024 && dropped * 2 > historyIDs.count {
+            historyIDs.removeFirst(dropped)
+            historyIDsBase = historyStart
         }
         while tombstonesHead < tombstones.count, tombstones[tombstonesHead].seq <= seq - historyMutations {
             let t = tombstones[tombstonesHead]
@@ -165,9 +180,10 @@ final class Versions {
         // Newest first finds each entity's last change once.
         var i = history.count - 1
         while i >= historyHead, history[i].seq > since {
-            for id in history[i].ids where last[id] == nil {
-                last[id] = history[i].seq
-                order.append(id)
+            let start = i > historyHead ? history[i - 1].end : historyStart
+            for k in (start - historyIDsBase) ..< (history[i].end - historyIDsBase) where last[historyIDs[k]] == nil {
+                last[historyIDs[k]] = history[i].seq
+                order.append(historyIDs[k])
             }
             i -= 1
         }
@@ -212,6 +228,9 @@ final class Versions {
     func markHistoryLost(at seq: Int) {
         history = []
         historyHead = 0
+        historyIDs = []
+        historyIDsBase = 0
+        historyStart = 0
         historyEntities = 0
         historyFloor = seq
     }
