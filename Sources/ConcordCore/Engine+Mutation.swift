@@ -180,10 +180,12 @@ extension Engine {
     /// (their bytes, in parallel), enqueue (serial, in PROTOCOL §6's order).
     /// Render+Plan.swift, Render+Map.swift, Render+Enqueue.swift.
     private func render(effects: [ViewEffect], change: StoreChange, net: Bool, origins: Set<ObjectIdentifier>, context: JSON?) {
-        let plan = planRender(effects: effects, change: change, net: net)
+        var plan = planRender(effects: effects, change: change, net: net)
         let results = mapRender(plan, effects: effects, seq: seq, origins: origins, context: context, valueChanged: change.valueChanged)
         enqueueRender(plan, results, change: change, seq: seq, origins: origins, context: context)
         results.reset(count: 0)  // what the slots held is queued (or dropped) by now
+        plan.jobs.drain()
+        swap(&plan.jobs, &jobsScratch)
     }
 
     /// The fixed order of subscriptions within one mutation's events: by

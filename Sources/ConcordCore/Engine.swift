@@ -123,6 +123,8 @@ public final class Engine {
     /// mutations empty with their capacity: two allocations fewer each.
     var opsScratch: [(Mutation, origin: String?)] = []
     var effectsScratch: [ViewEffect] = []
+    /// The render plan's job list, kept (empty) between mutations.
+    var jobsScratch: [RenderPlan.Job] = []
 
     var clients: [ConnectionID: ClientSession] = [:]
     var dirtyClients: [ClientSession] = []

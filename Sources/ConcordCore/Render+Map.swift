@@ -70,6 +70,13 @@ extension Engine {
         results.reset(count: plan.jobs.count)
         guard plan.renders else { return results }
         let jobs = plan.jobs
+        // One job (a key's or a model's view, shared by its subscribers)
+        // runs here: the closure the executor takes is escaping, and its
+        // context was an allocation per mutation.
+        if jobs.count == 1 {
+            results[0] = renderJob(jobs[0], effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged)
+            return results
+        }
         executor.forEach(jobs.count) { i in
             results[i] = self.renderJob(jobs[i], effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged)
         }

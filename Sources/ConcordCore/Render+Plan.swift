@@ -31,6 +31,9 @@ extension Engine {
     /// (one op; in a batch a later op may undo an earlier one's change).
     func planRender(effects: [ViewEffect], change: StoreChange, net: Bool) -> RenderPlan {
         var plan = RenderPlan()
+        // The job list of the previous mutation, emptied (`render` gives it
+        // back): no allocation for the list per mutation.
+        swap(&plan.jobs, &jobsScratch)
 
         // Model views holding any identity the mutation touched.
         if !modelWatchers.isEmpty {

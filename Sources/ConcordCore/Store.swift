@@ -408,6 +408,9 @@ final class Store {
 
     /// `apply`'s list of changed entities, kept (empty) between updates.
     private var changedScratch: [(String, EntityRecord?)] = []
+    /// `propagate`'s last lookup by identity (empty outside it).
+    private var lastLookupID = ""
+    private var lastLookupValue: JSON? = nil
 
     /// Writes a prepared update and re-materializes everything that holds its entities.
     func apply(_ u: PreparedUpdate) -> StoreChange {
@@ -451,7 +454,11 @@ final class Store {
             }
             change.forcedHolders = IDSet(holders)
             change.documentsForced = IDSet(docs)
-            refreshInCollections(holders.lazy.filter { !change.valueChanged.contains($0) }, changed: false)
+            // A copy to filter by: a closure stored in the lazy sequence
+            // that captured `change` itself boxed it on the heap on every
+            // `apply`, forced or not.
+            let valueChanged = change.valueChanged
+            refreshInCollections(holders.lazy.filter { !valueChanged.contains($0) }, changed: false)
         }
         if let key = u.key {
             let value = tree.substituteAny(u.model) { entities[$0]?.value }.0
@@ -591,14 +598,18 @@ final class Store {
         if !toRefresh.isEmpty { change.valueChanged.reserveCapacity(change.valueChanged.count + toRefresh.count) }
         let pruning = !deleted.isEmpty
         // Siblings usually hold the same changed child (an author's posts):
-        // the last lookup is remembered, by identity.
-        var lastID = ""
-        var lastValue: JSON? = nil
+        // the last lookup is remembered, by identity (in the store, not in
+        // locals: `refresh` is recursive, and locals it captures through
+        // `current` were boxed on the heap, two allocations per propagation).
+        defer {
+            lastLookupID = ""
+            lastLookupValue = nil
+        }
         func current(_ id: String) -> JSON? {
-            if id == lastID { return lastValue }
-            lastID = id
-            lastValue = entities[id]?.value
-            return lastValue
+            if id == lastLookupID { return lastLookupValue }
+            lastLookupID = id
+            lastLookupValue = entities[id]?.value
+            return lastLookupValue
         }
         func refresh(_ id: String, _ rec: EntityRecord) {
             guard rec.walkState == .pending else { return }
