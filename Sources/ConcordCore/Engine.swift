@@ -190,6 +190,9 @@ public final class Engine {
         self.executor = executor
         self.store = Store(idKey: configuration.idKey)
         self.parser = JSONParser(maxDepth: configuration.maxDepth)
+        // Values refreshed in place are reconstructed when asked for (Store.reconstructedBefore):
+        // with the internal checks, against a copy kept of each.
+        if configuration.internalChecks { store.beforeCheck = ([:], [:]) }
     }
 
     deinit {

@@ -49,7 +49,13 @@ final class EntityRecord {
     /// Written with other nested entities than it held before the mutation
     /// (or made anew in it: what it held before is not known here).
     static let childrenChanged: UInt64 = 8
-    static let markBits = 4
+    /// Refreshed by substitution, in place, and journaled without its
+    /// value from before the mutation: that value is this one with each
+    /// nested entity's value from before substituted
+    /// (`Store.valueBeforeMutation`). Cleared when the value is kept after
+    /// all (the record written or removed later in the mutation).
+    static let beforeNotKept: UInt64 = 16
+    static let markBits = 5
     static let markMask: UInt64 = (1 << markBits) - 1
 
     init(value: JSON, children: Children) {
@@ -228,6 +234,7 @@ final class Store {
     /// Forgets the journal: the running mutation is committed.
     func commit() {
         mutationGeneration &+= 1
+        if beforeCheck != nil { beforeCheck = ([:], [:]) }
         writtenInMutation.drain()
         // Drained, not `removeAll`: see `Array.drain()` (a rename frees a
         // hundred entries here).
@@ -243,6 +250,11 @@ final class Store {
 
     /// Undoes everything since the last `commit`.
     func rollback() {
+        // Values refreshed in place are reconstructed while every entry is
+        // as the mutation left it, before anything is restored.
+        for (id, old) in entityJournal where old == nil {
+            if let rec = entities[id] { keepBefore(rec) }
+        }
         let ents = entityJournal
         let docs = documentJournal
         undoCollections()
@@ -262,8 +274,53 @@ final class Store {
 
     /// `valueBeforeMutation` of a resident record.
     func valueBeforeMutation(_ rec: EntityRecord) -> JSON {
-        touchedInThisMutation(rec) ? entityJournal[Int(rec.journalIndex)].old ?? .null : rec.value
+        guard touchedInThisMutation(rec) else { return rec.value }
+        if rec.mutationMark & EntityRecord.beforeNotKept != 0 { return reconstructedBefore(rec) }
+        return entityJournal[Int(rec.journalIndex)].old ?? .null
     }
+
+    /// The value before the mutation of a record refreshed in place
+    /// (`EntityRecord.beforeNotKept`): its own members are as they were
+    /// (only its nested entities changed), and each nested entity held,
+    /// before, its own value from before (values are materialized), which
+    /// was known when the record was refreshed (`childrenBeforeKnown`).
+    private func reconstructedBefore(_ rec: EntityRecord) -> JSON {
+        let before = tree.substituteNested(rec.value) { c in
+            let v = self.valueBeforeMutation(c)
+            return v == .null ? nil : v
+        }
+        if let check = beforeCheck, let id = check.ids[ObjectIdentifier(rec)] {
+            precondition(before == check.values[id], "internal check: the value before the mutation of '\(id)' is not what the record held")
+        }
+        return before
+    }
+
+    /// Keeps the value before the mutation of a record refreshed in place,
+    /// before the record itself changes (written, removed, rolled back).
+    private func keepBefore(_ rec: EntityRecord) {
+        guard touchedInThisMutation(rec), rec.mutationMark & EntityRecord.beforeNotKept != 0 else { return }
+        let before = reconstructedBefore(rec)
+        entityJournal[Int(rec.journalIndex)].old = before
+        rec.mutationMark &= ~EntityRecord.beforeNotKept
+    }
+
+    /// Whether every entity `rec` holds had a value before the mutation
+    /// (then a refresh in place can keep no value: see `reconstructedBefore`).
+    /// The last identity found so is remembered (siblings share their child).
+    private func childrenBeforeKnown(_ rec: EntityRecord) -> Bool {
+        for c in rec.children.keys where c != lastKnownChild {
+            guard let child = entities[c] else { return false }
+            if touchedInThisMutation(child) && child.mutationMark & EntityRecord.beforeNotKept == 0
+                && entityJournal[Int(child.journalIndex)].old == nil { return false }
+            lastKnownChild = c
+        }
+        return true
+    }
+
+    /// With the internal checks: the true value before the mutation of every
+    /// record refreshed in place, which `reconstructedBefore` must give.
+    /// (nil: checks off.)
+    var beforeCheck: (ids: [ObjectIdentifier: String], values: [String: JSON])? = nil
 
     /// Journals `rec` (resident under `id`) unless the running mutation already did.
     @inline(__always)
@@ -411,6 +468,9 @@ final class Store {
     /// `propagate`'s last lookup by identity (empty outside it).
     private var lastLookupID = ""
     private var lastLookupValue: JSON? = nil
+    /// `childrenBeforeKnown`'s last identity found to have a value before (empty outside `propagate`).
+    private var lastKnownChild = ""
+
 
     /// Writes a prepared update and re-materializes everything that holds its entities.
     func apply(_ u: PreparedUpdate) -> StoreChange {
@@ -604,6 +664,7 @@ final class Store {
         defer {
             lastLookupID = ""
             lastLookupValue = nil
+            lastKnownChild = ""
         }
         func current(_ id: String) -> JSON? {
             if id == lastLookupID { return lastLookupValue }
@@ -619,13 +680,11 @@ final class Store {
                     if let child = entities[c], child.walkGeneration == generation, child.walkState == .pending { refresh(c, child) }
                 }
             }
-            let old = rec.value
             if !pruning {
-                let new = tree.substituteNested(old) { current($0) }
-                assert(extraSeeds.isEmpty && old != new, "a referrer of a changed entity always changes")
-                refreshEntity(rec, id, new)
+                refreshEntity(rec, id) { current($0) }
                 change.valueChanged.insert(id)
-            } else if case .kept(let new) = tree.prune(old, deleted: deleted, required: { self.required[$0] }, current: { current($0) }), old != new {
+            } else if case .kept(let new) = tree.prune(rec.value, deleted: deleted, required: { self.required[$0] }, current: { current($0) }),
+                      rec.value != new {
                 // Pruning deletes may drop nested identities: a full write.
                 setEntity(id, new)
                 change.valueChanged.insert(id)
@@ -707,6 +766,7 @@ final class Store {
     private func setEntity(_ id: String, _ value: JSON, resident: EntityRecord?, verbatim: Bool) -> EntityRecord {
         var absentEntry = -1
         if let resident {
+            keepBefore(resident)
             journal(resident, id)
         } else {
             // Resident again (removed earlier in the mutation): the record keeps its entry.
@@ -739,19 +799,44 @@ final class Store {
         }
     }
 
-    /// A new materialized value with the same nested identities (a child's
-    /// new version substituted): the normalized structure stays as it is.
-    private func refreshEntity(_ rec: EntityRecord, _ id: String, _ value: __owned JSON) {
+    /// The record's nested entities substituted with `lookup`'s values:
+    /// the same nested identities, so the normalized structure stays as it
+    /// is. Journaled at its first touch without a copy of its value when
+    /// it can be (`EntityRecord.beforeNotKept`): then the substitution is
+    /// in place, and an author's hundred posts are neither copied nor, at
+    /// commit, freed. Otherwise the old value moves into the journal.
+    private func refreshEntity(_ rec: EntityRecord, _ id: String, _ lookup: (String) -> JSON?) {
         if touchedInThisMutation(rec) {
-            rec.value = value
-        } else {
-            // The old value moves into the journal (no retain and release).
+            substituteInPlace(rec, lookup)
+        } else if childrenBeforeKnown(rec) {
+            if beforeCheck != nil {
+                beforeCheck!.ids[ObjectIdentifier(rec)] = id
+                beforeCheck!.values[id] = rec.value
+            }
             rec.journalIndex = Int32(entityJournal.count)
-            var old = value
+            entityJournal.append((id, nil))
+            markMutation(rec, EntityRecord.substituted | EntityRecord.beforeNotKept)
+            substituteInPlace(rec, lookup)
+            return
+        } else {
+            rec.journalIndex = Int32(entityJournal.count)
+            var old = tree.substituteNested(rec.value, lookup)
             swap(&old, &rec.value)
             entityJournal.append((id, old))
         }
         markMutation(rec, EntityRecord.substituted)
+    }
+
+    /// `rec.value`'s nested entities substituted in place (the members are
+    /// written where they are when the record holds the only reference).
+    private func substituteInPlace(_ rec: EntityRecord, _ lookup: (String) -> JSON?) {
+        guard case .object(var o) = rec.value else {
+            rec.value = tree.substituteNested(rec.value, lookup)
+            return
+        }
+        rec.value = .null
+        tree.substituteMembersInPlace(&o.members, lookup)
+        rec.value = .object(o)
     }
 
     /// The document's top-most entities re-substituted: same children.
@@ -765,6 +850,7 @@ final class Store {
             _ = journalAbsent(id)
             return
         }
+        keepBefore(rec)
         rec.resident = false
         journal(rec, id)
         journaledAbsent[id] = Int(rec.journalIndex)

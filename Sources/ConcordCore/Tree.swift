@@ -90,6 +90,14 @@ struct Tree {
         return out
     }
 
+    /// `substituteNested` of an object's members, in place.
+    func substituteMembersInPlace(_ members: inout [JSONObject.Member], _ lookup: (String) -> JSON?) {
+        for i in members.indices where members[i].value.isContainer {
+            let (nv, c) = substituteAny(members[i].value, lookup)
+            if c { members[i].value = nv }
+        }
+    }
+
     /// Every entity `lookup` knows, at any depth and every occurrence, replaced
     /// by its value; an entity it does not know keeps its own members, with the
     /// known entities inside it replaced (`subscribe` with `refresh`).
