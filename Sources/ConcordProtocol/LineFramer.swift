@@ -85,13 +85,27 @@ public struct LineFramer: Sendable {
     }
 }
 
+/// The index of the first newline in `p[0..<count]`: eight bytes at a
+/// time (a lane is zero where `w ^ 0x0A…` has a zero byte; the lowest
+/// flagged lane is exact), the rest byte by byte. This module imports
+/// nothing, not even Glibc's `memchr`; the byte loop it replaces cost ~4.5
+/// instructions a byte, about 1,000 for a line of an update.
 @inline(__always)
 private func memchrNewline(_ p: UnsafeRawPointer, _ count: Int) -> Int? {
-    let bytes = p.assumingMemoryBound(to: UInt8.self)
+    let ones: UInt64 = 0x0101_0101_0101_0101
+    let highs: UInt64 = 0x8080_8080_8080_8080
+    let newlines: UInt64 = 0x0A0A_0A0A_0A0A_0A0A
     var i = 0
+    while i &+ 8 <= count {
+        let w = UInt64(littleEndian: p.loadUnaligned(fromByteOffset: i, as: UInt64.self)) ^ newlines
+        let m = (w &- ones) & ~w & highs
+        if m != 0 { return i &+ (m.trailingZeroBitCount &>> 3) }
+        i &+= 8
+    }
+    let bytes = p.assumingMemoryBound(to: UInt8.self)
     while i < count {
         if bytes[i] == 0x0A { return i }
-        i += 1
+        i &+= 1
     }
     return nil
 }

@@ -22,6 +22,28 @@ struct LineFramerTests {
         #expect(Self.frames(input, chunk: chunk) == [Self.line("a"), Self.line("bc"), Self.line("d e"), Self.line("\rf")])
     }
 
+    /// Newlines at every offset within a word of eight, among bytes that
+    /// differ from a newline in one bit (0x0B, 0x8A, 0x0E, …): the framer
+    /// looks eight bytes at a time, and must find exactly the first one.
+    @Test(arguments: [1, 7, 8, 9, 61, 4096])
+    func findsEveryNewlineWhereverItFalls(chunk: Int) {
+        var state: UInt64 = 0x9E37_79B9_7F4A_7C15 &* UInt64(chunk)
+        func next() -> Int {
+            state = state &* 6364136223846793005 &+ 1442695040888963407
+            return Int(truncatingIfNeeded: state >> 33)
+        }
+        let near: [UInt8] = [0x0B, 0x08, 0x8A, 0x0E, 0x1A, 0x2A, 0x4A, 0xFA, 0x41, 0x7B]
+        var input: [UInt8] = []
+        var want: [LineFramer.Frame] = []
+        for _ in 0..<400 {
+            let n = 1 + next() % 40
+            let body = (0..<n).map { _ in near[next() % near.count] }
+            input += body + [0x0A]
+            want.append(.line(body))
+        }
+        #expect(Self.frames(input, chunk: chunk, max: 64) == want)
+    }
+
     @Test(arguments: [1, 4, 7, 64])
     func tooLongLinesAreReportedOnceAndSkipped(chunk: Int) {
         let long = String(repeating: "x", count: 100)
