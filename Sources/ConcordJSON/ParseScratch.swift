@@ -33,7 +33,7 @@ final class ParseScratch {
         table.free()
     }
 
-    nonisolated(unsafe) private static let key: pthread_key_t = {
+    private static let key: pthread_key_t = {
         var k = pthread_key_t()
         let rc = pthread_key_create(&k) { p in
             if let p { Unmanaged<ParseScratch>.fromOpaque(p).release() }
