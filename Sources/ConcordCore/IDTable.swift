@@ -79,8 +79,7 @@ struct IDTable<Value> {
         /// to a name retained and released it around every lookup.)
         @inline(__always)
         func value(_ key: String) -> Value? {
-            guard count > 0, let e = find(key, hash(key)).entry else { return nil }
-            return values[e]
+            entry(key).map { values[$0] }
         }
 
         /// The entry of `key` in the dense order.

@@ -53,15 +53,20 @@ struct NameTable<Element: Named> {
         /// retained and released around the lookup.)
         @inline(__always)
         func element(_ name: String) -> Element? {
+            find(name, IDHash.of(name, seed: seed)).flatMap { buckets[$0] }
+        }
+
+        /// The index of `name`'s bucket, or nil.
+        @inline(__always)
+        func find(_ name: String, _ h: UInt32) -> Int? {
             guard count > 0 else { return nil }
-            let h = IDHash.of(name, seed: seed)
             let mask = capacity - 1
             let tag = NameTable.tag(h)
             var i = Int(h) & mask
             while true {
                 let t = tags[i]
                 if t == NameTable.empty { return nil }
-                if t == tag, let e = buckets[i], e.tableName == name { return e }
+                if t == tag, let e = buckets[i], e.tableName == name { return i }
                 i = (i + 1) & mask
             }
         }
@@ -87,16 +92,7 @@ struct NameTable<Element: Named> {
     /// The index of `name`'s bucket, or nil.
     @inline(__always)
     private func find(_ name: String, _ h: UInt32) -> Int? {
-        guard let st = storage, st.count > 0 else { return nil }
-        let mask = st.capacity - 1
-        let tag = Self.tag(h)
-        var i = Int(h) & mask
-        while true {
-            let t = st.tags[i]
-            if t == Self.empty { return nil }
-            if t == tag, let e = st.buckets[i], e.tableName == name { return i }
-            i = (i + 1) & mask
-        }
+        storage?.find(name, h)
     }
 
     subscript(name: String) -> Element? {

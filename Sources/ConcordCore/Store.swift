@@ -820,9 +820,9 @@ final class Store {
             return
         } else {
             rec.journalIndex = Int32(entityJournal.count)
-            var old = tree.substituteNested(rec.value, lookup)
-            swap(&old, &rec.value)
-            entityJournal.append((id, old))
+            var value = tree.substituteNested(rec.value, lookup)
+            swap(&value, &rec.value)  // `value` is the old one now
+            entityJournal.append((id, value))
         }
         markMutation(rec, EntityRecord.substituted)
     }

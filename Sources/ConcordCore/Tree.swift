@@ -79,23 +79,25 @@ struct Tree {
     /// author copies its members once and retains nothing else).
     @inline(__always)
     private static func substitutingMembers(_ members: [JSONObject.Member], _ tree: Tree, _ lookup: (String) -> JSON?) -> [JSONObject.Member]? {
-        var out: [JSONObject.Member]? = nil
-        for i in members.indices where members[i].value.isContainer {  // nothing below a scalar
-            let (nv, c) = tree.substituteAny(members[i].value, lookup)
-            if c {
-                if out == nil { out = members }
-                out![i].value = nv
-            }
-        }
-        return out
+        // Copied by copy-on-write at the first change.
+        var out = members
+        return tree.substituteMembersInPlace(&out, lookup) ? out : nil
     }
 
-    /// `substituteNested` of an object's members, in place.
-    func substituteMembersInPlace(_ members: inout [JSONObject.Member], _ lookup: (String) -> JSON?) {
-        for i in members.indices where members[i].value.isContainer {
+    /// `substituteNested` of an object's members, in place (written where
+    /// they are when the array is not shared); whether any changed.
+    @inline(__always)
+    @discardableResult
+    func substituteMembersInPlace(_ members: inout [JSONObject.Member], _ lookup: (String) -> JSON?) -> Bool {
+        var changed = false
+        for i in members.indices where members[i].value.isContainer {  // nothing below a scalar
             let (nv, c) = substituteAny(members[i].value, lookup)
-            if c { members[i].value = nv }
+            if c {
+                members[i].value = nv
+                changed = true
+            }
         }
+        return changed
     }
 
     /// Every entity `lookup` knows, at any depth and every occurrence, replaced
