@@ -101,14 +101,14 @@ extension Engine {
     /// After mutation `seq` was applied: what it changed, and its token.
     /// Returns the tokens that expired (to forget in the cache backend too).
     func recordVersions(_ change: StoreChange, effects: [ViewEffect], ops: [(Mutation, origin: String?)], token: String?) -> [String] {
-        let written = effects.lazy.flatMap { e -> EntityMap in
-            if case .update(let u) = e { return u.swap }
-            return EntityMap()
-        }.map(\.id)
-        var keys: [String] = []
-        var lists: [String] = []
-        for (op, _) in ops {
-            switch op {
+        let written = WrittenIDs(effects: effects)
+        // Keys and collection names by index (a loop over the pairs copied
+        // each through the runtime's generic tuple witnesses); no list at
+        // all for the common one-op mutation.
+        var keys = WrittenNames()
+        var lists = WrittenNames()
+        for i in ops.indices {
+            switch ops[i].0 {
             case .update(_, let key?, _, _): keys.append(key)
             case .deleteKey(let key): keys.append(key)
             case .collectionSet(let name, _), .collectionInsert(let name, _, _), .collectionRemoveAt(let name, _, _),
@@ -122,6 +122,50 @@ extension Engine {
         let now = versionsNow
         if let token { versions.remember(token: token, seq: seq, now: now) }
         return versions.expireTokens(seq: seq, now: now)
+    }
+}
+
+/// The identities a mutation's effects write, in order, read in place
+/// (a lazy map over the effects' maps copied every value out with its id).
+struct WrittenIDs: Sequence, IteratorProtocol {
+    let effects: [ViewEffect]
+    private var e = 0
+    private var i = 0
+
+    init(effects: [ViewEffect]) { self.effects = effects }
+
+    mutating func next() -> String? {
+        while e < effects.count {
+            if case .update(let u) = effects[e], i < u.swap.count {
+                i += 1
+                return u.swap.id(at: i - 1)
+            }
+            e += 1
+            i = 0
+        }
+        return nil
+    }
+}
+
+/// Names a mutation writes: the first without an array (one op, the common case).
+struct WrittenNames: Sequence {
+    private var first: String?
+    private var rest: [String] = []
+
+    mutating func append(_ name: String) {
+        if first == nil { first = name } else { rest.append(name) }
+    }
+
+    func makeIterator() -> Iterator { Iterator(names: self) }
+
+    struct Iterator: IteratorProtocol {
+        let names: WrittenNames
+        var i = -1
+        mutating func next() -> String? {
+            defer { i += 1 }
+            if i < 0 { return names.first }
+            return i < names.rest.count ? names.rest[i] : nil
+        }
     }
 }
 

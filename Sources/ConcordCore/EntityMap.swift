@@ -23,11 +23,14 @@ struct EntityMap: Sequence {
     @inline(__always)
     private func position(_ id: String) -> Int? {
         if let index { return index[id] }
-        for i in entries.indices where entries[i].id == id { return i }
+        for i in entries.indices where sameText(entries[i].id, id) { return i }
         return nil
     }
 
     func contains(_ id: String) -> Bool { position(id) != nil }
+
+    /// The `i`th identity added.
+    func id(at i: Int) -> String { entries[i].id }
 
     subscript(id: String) -> JSON? { position(id).map { entries[$0].value } }
 

@@ -1,3 +1,5 @@
+import ConcordJSON
+
 /// A hash table from identities (entity ids, document keys) to values: the
 /// store's records by identity, and the change sets' members.
 ///
@@ -96,7 +98,7 @@ struct IDTable<Value> {
             while true {
                 let e = Int(slots[i])
                 if e < 0 { return (i, nil) }
-                if hashes[e] == h && keys[e] == key { return (i, e) }
+                if hashes[e] == h && sameText(keys[e], key) { return (i, e) }
                 i = (i &+ 1) & mask
             }
         }

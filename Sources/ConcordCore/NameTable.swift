@@ -1,3 +1,5 @@
+import ConcordJSON
+
 /// A value a ``NameTable`` finds by a string the value itself holds.
 protocol Named {
     var tableName: String { get }
@@ -66,7 +68,7 @@ struct NameTable<Element: Named> {
             while true {
                 let t = tags[i]
                 if t == NameTable.empty { return nil }
-                if t == tag, let e = buckets[i], e.tableName == name { return i }
+                if t == tag, let e = buckets[i], sameText(e.tableName, name) { return i }
                 i = (i + 1) & mask
             }
         }

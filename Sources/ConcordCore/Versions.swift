@@ -78,7 +78,7 @@ final class Versions {
     /// Notes what mutation `seq` changed (after it was applied): the
     /// entities it wrote whose value changed, what it deleted (cascades
     /// included), the keys and collections it wrote that changed.
-    func record(seq: Int, written: some Sequence<String>, change: StoreChange, keys: [String], collections written_: [String],
+    func record(seq: Int, written: some Sequence<String>, change: StoreChange, keys: some Sequence<String>, collections written_: some Sequence<String>,
                 collectionChanged: (String) -> Bool, store: Store) {
         let before = historyIDs.count
         // One hash per name: the old seq comes back from the write.

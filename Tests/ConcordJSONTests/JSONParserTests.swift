@@ -64,6 +64,42 @@ struct JSONParserTests {
         }
     }
 
+    /// `sameText` decides small ASCII texts from their two words: it must
+    /// agree with byte equality for strings made every way (literals, parsed, built
+    /// from bytes, interpolated, sliced back), small and large, ASCII or
+    /// not, equal or differing in one byte or in length.
+    @Test func sameTextIsByteEquality() throws {
+        var rng = SystemRandomNumberGenerator()
+        let alphabet = Array("abz09_:é".unicodeScalars)
+        var texts: [String] = ["", "op", "model", "token", "force", "key", "rid", "é", "e\u{301}"]
+        for n in 0...20 {
+            for _ in 0..<6 {
+                texts.append(String(String.UnicodeScalarView((0..<n).map { _ in alphabet.randomElement(using: &rng)! })))
+            }
+            texts.append(String(repeating: "a", count: n))
+            texts.append(String(repeating: "a", count: max(0, n - 1)) + "b")
+        }
+        func variants(_ t: String) throws -> [String] {
+            var v = [t, String(decoding: Array(t.utf8), as: UTF8.self), "\(t)", String(t[...])]
+            if case .string(let parsed) = try parser.parse("\"\(t)\"") { v.append(parsed) }
+            var grown = t
+            grown.reserveCapacity(64)  // a native string, even when short
+            v.append(grown)
+            return v
+        }
+        // Canonically equivalent, different code points: different values.
+        #expect(JSON.string("\u{E9}") != JSON.string("e\u{301}"))
+        for a in texts {
+            for b in texts {
+                for x in try variants(a) {
+                    for y in try variants(b) where sameText(x, y) != Array(x.utf8).elementsEqual(y.utf8) {
+                        Issue.record("sameText(\(x.debugDescription), \(y.debugDescription)) is \(sameText(x, y))")
+                    }
+                }
+            }
+        }
+    }
+
     @Test func rejectsInvalidUTF8() {
         for bytes: [UInt8] in [[0x22, 0xC3, 0x28, 0x22], [0x22, 0xFF, 0x22], [0x22, 0xED, 0xA0, 0x80, 0x22], [0x22, 0xE2, 0x82, 0x22]] {
             #expect(throws: JSONParseError.self) { try parser.parse(bytes) }
