@@ -74,7 +74,7 @@ extension Engine {
                 switch op.0 {
                 case .update(let model, let key, let mode, let force):
                     let prepared = try store.prepareUpdate(model: model, key: key, mode: mode, force: force)
-                    if ops.count == 1 { change = store.apply(prepared) } else { change.formUnion(store.apply(prepared)) }
+                    if ops.count == 1 { store.apply(prepared, into: &change) } else { change.formUnion(store.apply(prepared)) }
                     effects.append(.update(UpdateEffect(swap: prepared.values, partials: prepared.partials, force: force)))
                 case .deleteEntity(let id):
                     let ch = store.deleteEntity(id)

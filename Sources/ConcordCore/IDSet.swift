@@ -1,3 +1,5 @@
+import ConcordJSON
+
 /// A set of identities (entity ids, document keys, collection names) that
 /// holds its first member inline and hashes only from the second: what one
 /// mutation changed is almost always one entity and one document, and a
@@ -29,7 +31,7 @@ struct IDSet: Sequence, ExpressibleByArrayLiteral {
     @inline(__always)
     func contains(_ e: String) -> Bool {
         guard let first else { return false }
-        return first == e || (!rest.isEmpty && rest.contains(e))
+        return sameText(first, e) || (!rest.isEmpty && rest.contains(e))
     }
 
     @discardableResult
@@ -38,7 +40,7 @@ struct IDSet: Sequence, ExpressibleByArrayLiteral {
             first = e
             return (true, e)
         }
-        if f == e { return (false, f) }
+        if sameText(f, e) { return (false, f) }
         return (rest.insert(e, ()), e)
     }
 
