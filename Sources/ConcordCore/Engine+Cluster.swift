@@ -486,7 +486,7 @@ extension Engine {
             guard clients[c.id] === c, let w = c.waitingSync else { continue }
             if let t = w.target, cl.appliedOffset >= t {
                 c.waitingSync = nil
-                if !w.rerun { respond(c, rid: w.rid) { w in w.key("seq"); w.int(seq) } }
+                if !w.rerun { respond(c, rid: w.rid, seq: seq) }
                 drain(c, rerunning: w.rerun)
             } else if let now, now >= w.deadline || isShuttingDown {
                 c.waitingSync = nil

@@ -111,7 +111,7 @@ extension Engine {
         recordWrites(token: options.token, expiredTokens: expired)
         store.commit()
         if holdUntilDurable(c, rid: rid) { return }
-        respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
+        respond(c, rid: rid, seq: seq)
     }
 
     /// Stored values never nest deeper than a request may (`--max-depth` − 1:
@@ -171,7 +171,7 @@ extension Engine {
         store.clear()
         recordClear()
         if holdUntilDurable(c, rid: rid) { return }
-        respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
+        respond(c, rid: rid, seq: seq)
     }
 
     // MARK: Rendering

@@ -89,7 +89,7 @@ extension Engine {
                 }
                 markDirty(c)
             }
-            respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
+            respond(c, rid: rid, seq: seq)
         case .query(let spec):
             let view = try queryWindow(spec)
             let s = SubscriptionRecord(client: c, name: name, kind: .query(view))

@@ -520,6 +520,18 @@ public final class Engine {
         }
     }
 
+    /// A mutation's answer, `"seq":N` (rid-less ones without a writer).
+    func respond(_ c: ClientSession, rid: JSON, seq: Int) {
+        guard case .null = rid else {
+            respond(c, rid: rid) { w in w.key("seq"); w.int(seq) }
+            return
+        }
+        if !c.coalesced.isEmpty { flushCoalesced(c) }
+        c.output.appendResponse(seq: seq)
+        responsesQueued += 1
+        markDirty(c)
+    }
+
     func respond(_ c: ClientSession, rid: JSON, _ body: (inout JSONWriter) -> Void) {
         // A response follows every event it must follow; coalesced ones too (§6.6).
         if !c.coalesced.isEmpty { flushCoalesced(c) }

@@ -110,6 +110,30 @@ struct OutputQueueTests {
         }
     }
 
+    /// A rid-less mutation's answer written in place is the writer's line,
+    /// at every digit count, across block boundaries (many in one queue).
+    @Test func responsesWrittenInPlaceAreTheWritersBytes() {
+        var rng = SplitMix(seed: 6)
+        var queue = OutputQueue()
+        var expected: [UInt8] = []
+        var seqs = [0, 9, 10, 99, 100, 123_456_789, Int.max]
+        for _ in 0..<300 { seqs.append(Int(rng.next() % 1_000_000_007)) }
+        for seq in seqs {
+            queue.appendResponse(seq: seq)
+            var w = JSONWriter()
+            w.raw("{\"rid\":")
+            w.value(.null)
+            w.raw(",\"ok\":true")
+            w.key("seq")
+            w.int(seq)
+            w.raw("}\n")
+            expected += w.bytes
+        }
+        #expect(queue.byteCount == expected.count && queue.lineCount == seqs.count)
+        let got = queue.take().flatMap { Array(UnsafeRawBufferPointer(start: $0.base, count: $0.count)) }
+        #expect(got == expected)
+    }
+
     @Test func aQuietConnectionKeepsAtMostASmallBlock() {
         var queue = OutputQueue()
         // A burst grows the blocks...
