@@ -375,11 +375,36 @@ enum IDHash {
     /// here: native or small, never bridged on this platform. The key is
     /// borrowed, not copied: `withUTF8` is mutating, and the copy it needs
     /// retained and released the string.)
+    ///
+    /// A small string (at most 15 bytes, held in its two words: the bytes,
+    /// zero past the count, and a discriminator byte with the count) is
+    /// hashed from its words as they are — the same value as from its
+    /// bytes, so a text hashes alike however it is held — without the
+    /// spill to the stack that its contiguous storage costs.
     @inline(__always)
     static func of(_ key: String, seed: UInt64 = seed) -> UInt32 {
+        let w = unsafeBitCast(key, to: (UInt64, UInt64).self)
+        // Bit 61 of the second word: small.
+        if w.1 & (1 << 61) != 0 {
+            return small(w.0, w.1 & 0x00FF_FFFF_FFFF_FFFF, count: Int((w.1 >> 56) & 0xF), seed: seed)
+        }
         if let h = key.utf8.withContiguousStorageIfAvailable({ of(UnsafeRawBufferPointer($0), seed: seed) }) { return h }
         var s = key
         return s.withUTF8 { of(UnsafeRawBufferPointer($0), seed: seed) }
+    }
+
+    /// `of(bytes)` for at most 15 bytes given as two little-endian words, zero past `count`.
+    @inline(__always)
+    static func small(_ w0: UInt64, _ w1: UInt64, count n: Int, seed: UInt64) -> UInt32 {
+        var h = seed ^ (UInt64(n) &* 0x9E37_79B9_7F4A_7C15)
+        if n >= 8 {
+            h = mix(h ^ w0, 0xA076_1D64_78BD_642F)
+            if n > 8 { h = mix(h ^ w1, 0xE703_7ED1_A0B4_28DB) }
+        } else if n > 0 {
+            h = mix(h ^ w0, 0xE703_7ED1_A0B4_28DB)
+        }
+        let f = mix(h, 0x8EBC_6AF0_9C88_C6E3)
+        return UInt32(truncatingIfNeeded: f ^ (f >> 32))
     }
 
     static func of(_ bytes: UnsafeRawBufferPointer, seed: UInt64 = seed) -> UInt32 {

@@ -6,6 +6,27 @@ import Testing
 /// removals (backward-shift deletion, the dense arrays' moves, growth and
 /// shrinking included), and IDSet on top of it.
 struct IDTableTests {
+    /// A small string is hashed from its two words: the same value as from
+    /// its bytes, for every length, ASCII or not, and for the same text held
+    /// as a native (heap) string — else one identity would file in two places.
+    @Test func aTextHashesAlikeHoweverItIsHeld() {
+        var rng = SystemRandomNumberGenerator()
+        let alphabet = Array("az09:_-é€".unicodeScalars)
+        for n in 0...40 {
+            for _ in 0..<20 {
+                let text = String(String.UnicodeScalarView((0..<n).map { _ in alphabet.randomElement(using: &rng)! }))
+                var native = text
+                native.reserveCapacity(64)
+                let bytes = Array(text.utf8)
+                for seed: UInt64 in [IDHash.seed, 1, 0x1234_5678_9ABC_DEF1] {
+                    let expected = bytes.withUnsafeBytes { IDHash.of($0, seed: seed) }
+                    #expect(IDHash.of(text, seed: seed) == expected, "\(text.debugDescription)")
+                    #expect(IDHash.of(native, seed: seed) == expected, "\(text.debugDescription) (native)")
+                }
+            }
+        }
+    }
+
     @Test func agreesWithADictionary() {
         var rng = SplitMix(seed: 7)
         var table = IDTable<Int>()
