@@ -22,6 +22,8 @@ final class Connection {
     /// The one write in flight (whole lines only, so a close never cuts a line).
     var inFlight: WriteContext?
     var reading = false
+    /// When lines of it last went to the sequencer (monotonic seconds).
+    var lastSubmit = -Double.infinity
     /// Unfinished-line bytes this connection's framer holds, as last counted.
     var unfinished = 0
     /// The coalescing episode whose drain was last reported to the core.

@@ -75,6 +75,21 @@ final class Sequencer: @unchecked Sendable {
 
     /// Bytes of lines read by the loop and not yet handed to the engine, all connections.
     let inboxBytes = Atomic<Int>(0)
+    /// Bumped by the loop when a connection with no lines waiting here
+    /// sends some (a ping beside a flood): a running turn looks at it
+    /// every `arrivalCheckLines` lines and ends early, so that the newcomer
+    /// is answered after that many of a flood's lines, not after the turn.
+    let arrivals = Atomic<Int>(0)
+    static let arrivalCheckLines = 16
+    /// A newcomer: a few lines (a request, not a writer's window) from a
+    /// connection whose previous lines came at least a millisecond ago (a
+    /// pipelining writer's next read is not one). It is served before the
+    /// lanes that keep the sequencer busy, and its answer delivered after
+    /// that round; a writer that sends windows of many lines is not, so it
+    /// does not cut other writers' turns into pieces (each piece a delivery).
+    static func isNewcomer(lines: Int, idle: Double) -> Bool {
+        lines <= 4 && idle >= 0.001
+    }
     /// Cluster mode: log entries the loop read and the core has not applied (the reader pauses above a bound).
     let clusterQueued = Atomic<Int>(0)
     /// Cluster mode: entries read from the log, applied in order, a turn's budget at a time.
@@ -119,6 +134,8 @@ final class Sequencer: @unchecked Sendable {
         /// The head line is long and being parsed off the sequencer; then its parse.
         var parsing = false
         var preparsed: Engine.ParsedLine?
+        /// When its last lines were read.
+        var lastReadAt = -Double.infinity
         var queued: Bool { head < frames.count }
         init(id: ConnectionID, flow: ConnectionFlow) {
             self.id = id
@@ -126,6 +143,13 @@ final class Sequencer: @unchecked Sendable {
         }
     }
     private var lanes: [ConnectionID: Lane] = [:]
+    /// Lanes that got lines while idle, since the last round: the next
+    /// round takes them first, and the turn delivers after that round.
+    private var newcomers: [Lane] = []
+    /// The last round served newcomers first.
+    private var newcomerRound = false
+    /// Whether a round of the current turn already ran.
+    private var handledInTurn = false
     /// Lanes with lines, in the order they got them (round-robin order).
     private var ready: [Lane] = []
     private var shutdownDeadline: Double?
@@ -210,6 +234,7 @@ final class Sequencer: @unchecked Sendable {
 
     private var hasRunnableLane: Bool {
         for lane in ready where lane.queued && !lane.parsing && !engine.isWaiting(lane.id) { return true }
+        for lane in newcomers where lane.queued && !lane.parsing && !engine.isWaiting(lane.id) { return true }
         return false
     }
 
@@ -234,12 +259,16 @@ final class Sequencer: @unchecked Sendable {
             // budget is spent: one delivery per turn keeps hand-offs few, the
             // budget keeps a small request's wait short under a flood.
             var taken = false
+            handledInTurn = false
             let started = monotonicSeconds()
             // The log first: what every host applies, in log order, within the turn's budget.
             if logHead < logQueue.count { applyLog(until: started + turnBudget) }
             while turn(until: started + turnBudget) {
                 taken = true
                 if monotonicSeconds() - started >= turnBudget { break }
+                // A request that arrived while the turn ran (a ping beside a
+                // flood) is answered now, not after the flood's next rounds.
+                if newcomerRound { break }
                 condition.lock()
                 swap(&batch, &inbox)
                 condition.unlock()
@@ -335,7 +364,10 @@ final class Sequencer: @unchecked Sendable {
             }
         case .frames(let id, let frames, _, let readAt):
             guard let lane = lanes[id] else { return }
-            if !lane.queued { ready.append(lane) }
+            if !lane.queued {
+                if Self.isNewcomer(lines: frames.count, idle: readAt - lane.lastReadAt) { newcomers.append(lane) } else { ready.append(lane) }
+            }
+            lane.lastReadAt = readAt
             lane.frames.append(contentsOf: frames)
             lane.readAt.append(contentsOf: repeatElement(readAt, count: frames.count))
         case .metrics(let token):
@@ -453,13 +485,26 @@ final class Sequencer: @unchecked Sendable {
     /// chunk ahead, in parallel when the chunk is long) and answers it in order. Returns
     /// true when lines were taken.
     private func turn(until deadline: Double = .infinity) -> Bool {
+        // Newcomers first (round-robin order otherwise): whoever was idle
+        // waits for no lane's lines but those handled before it arrived.
+        // In the turn's first round everyone follows them; in a later round
+        // (they came while the turn ran) the round is theirs alone — every
+        // lane had a round this turn — and the turn then delivers (`run`).
+        newcomerRound = !newcomers.isEmpty
+        var lanesThisRound = ready.count
+        if newcomerRound {
+            ready = newcomers + ready
+            lanesThisRound = handledInTurn ? newcomers.count : ready.count
+            newcomers = []
+        }
         guard !ready.isEmpty else { return false }
+        let arrivalsAtStart = arrivals.load(ordering: .relaxed)
         var picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []
         var lines: [[UInt8]] = []
         var preparsed: [(index: Int, parsed: Engine.ParsedLine)] = []
         var preparsedLanes: [Int: Engine.ParsedLine] = [:]
         var bytesTaken = 0
-        for lane in ready where lane.queued && !lane.parsing && !engine.isWaiting(lane.id) {
+        for lane in ready[..<lanesThisRound] where lane.queued && !lane.parsing && !engine.isWaiting(lane.id) {
             var end = min(lane.frames.count, lane.head + linesPerTurn)
             let headParsed = lane.preparsed
             if let p = headParsed {
@@ -498,6 +543,8 @@ final class Sequencer: @unchecked Sendable {
             picked.append((lane, slice))
         }
         guard !picked.isEmpty else { return false }
+        handledInTurn = true
+        if newcomerRound { metrics.newcomerRounds.add(1, ordering: .relaxed) }
         inboxBytes.subtract(bytesTaken, ordering: .relaxed)
 
         // Lines are parsed a chunk ahead of the one handled, the chunk
@@ -536,6 +583,12 @@ final class Sequencer: @unchecked Sendable {
         outer: for (li, (lane, slice)) in picked.enumerated() {
             for i in slice.indices {
                 if handled > 0 && monotonicSeconds() >= deadline {
+                    stopped = (li, i)
+                    break outer
+                }
+                if handled % Self.arrivalCheckLines == 0 && handled > 0 && arrivals.load(ordering: .relaxed) != arrivalsAtStart {
+                    // Someone idle sent a request: end the round here (the
+                    // rest goes back); the next round takes it in first.
                     stopped = (li, i)
                     break outer
                 }
@@ -623,7 +676,7 @@ final class Sequencer: @unchecked Sendable {
     /// (or the shutdown timeout passed, when whatever waits is answered anyway).
     private func checkShutdown() -> Bool {
         guard let deadline = shutdownDeadline, !drainedSent else { return false }
-        let idle = !ready.contains { $0.queued } && !engine.hasWaitingClients && held.isEmpty && !engine.hasClusterWaits
+        let idle = !ready.contains { $0.queued } && !newcomers.contains { $0.queued } && !engine.hasWaitingClients && held.isEmpty && !engine.hasClusterWaits
         if !idle {
             guard monotonicSeconds() >= deadline else { return false }
             logger.warning("shutdown timeout: answering what still waits without it", metadata: [

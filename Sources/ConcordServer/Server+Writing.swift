@@ -11,13 +11,21 @@ import Glibc
 extension Server {
     // MARK: Output
 
+    /// A delivery's outputs up to this size are written before the larger ones.
+    static let smallOutput = 4096
+
     func deliveriesArrived() {
         var tookInput = false
         for d in bridge.take() {
+            // Small outputs first (a response, a few events), then the rest:
+            // writes go out in this order, and a ping's answer should not
+            // wait behind a fan-out's hundreds of kilobytes to other readers.
+            for pass in 0..<2 {
             for (id, segments) in d.outputs {
-                guard let conn = connections[id], !conn.closing else { continue }
                 var n = 0
                 for s in segments { n += s.count }
+                guard (n <= Self.smallOutput) == (pass == 0) else { continue }
+                guard let conn = connections[id], !conn.closing else { continue }
                 if conn.closeWhenFlushed && !shuttingDown {
                     // Over the hard limit: nothing more is queued for it.
                     conn.flow.unsent.subtract(n, ordering: .relaxed)
@@ -27,6 +35,7 @@ extension Server {
                 conn.queuedBytes += n
                 if conn.inFlight == nil { writeQueued(conn) }
                 checkOutput(conn)
+            }
             }
             if !d.mutationsReadAt.isEmpty {
                 let now = monotonicSeconds()

@@ -55,6 +55,11 @@ final class ServerMetrics: Sendable {
     /// sequencer reads): counted under `concord_errors_total{code="forbidden"}`,
     /// the one error the core never sees.
     let forbidden = Atomic<Int>(0)
+    /// Rounds the sequencer gave first to requests from idle connections
+    /// (a ping beside a flood), each followed by a delivery: written by the
+    /// sequencer, exported as `concord_newcomer_rounds_total`.
+    let newcomerRounds = Atomic<Int>(0)
+    private let newcomerRoundsCounter: CoreMetrics.Counter
 
     /// Latency observations a turn contributes at most (the oldest lines of the turn first).
     static let latencySamplesPerTurn = 64
@@ -83,6 +88,7 @@ final class ServerMetrics: Sendable {
         events = Counter(label: "concord_events_total", factory: f)
         coalescedEvents = Counter(label: "concord_coalesced_events_total", factory: f)
         coalescingEpisodes = Counter(label: "concord_coalescing_episodes_total", factory: f)
+        newcomerRoundsCounter = Counter(label: "concord_newcomer_rounds_total", factory: f)
         connections = CoreMetrics.Gauge(label: "concord_connections", factory: f)
         connectionsCoalescing = CoreMetrics.Gauge(label: "concord_connections_coalescing", factory: f)
         unsentBytes = CoreMetrics.Gauge(label: "concord_unsent_bytes", factory: f)
@@ -107,8 +113,9 @@ final class ServerMetrics: Sendable {
         let refused = forbidden.load(ordering: .relaxed)
         let errorTotals = figures.errors.map { $0.code == ErrorCode.forbidden.rawValue ? $0.count + refused : $0.count }
         let totals = figures.requests.map(\.count) + errorTotals
-            + [figures.responses, figures.events, figures.coalescedEvents, figures.coalescingEpisodes]
-        let counters = requests + errors + [responses, events, coalescedEvents, coalescingEpisodes]
+            + [figures.responses, figures.events, figures.coalescedEvents, figures.coalescingEpisodes,
+               newcomerRounds.load(ordering: .relaxed)]
+        let counters = requests + errors + [responses, events, coalescedEvents, coalescingEpisodes, newcomerRoundsCounter]
         state.withLock { s in
             if s.exported.count != totals.count { s.exported = [Int](repeating: 0, count: totals.count) }
             for i in totals.indices where totals[i] > s.exported[i] {

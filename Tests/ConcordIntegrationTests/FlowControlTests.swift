@@ -84,6 +84,12 @@ struct FlowControlTests {
             }
             peak = max(peak, Self.rss(server))
         }
+        // Each ping came from an idle connection: a newcomer, given a round
+        // of its own before the flood's lines (Sequencer.isNewcomer).
+        let text = try pinger.request(#"{"op":"stats","prometheus":true}"#)["prometheus"]?.stringValue ?? ""
+        let rounds = text.split(separator: "\n").first { $0.hasPrefix("concord_newcomer_rounds_total ") }
+            .flatMap { Int($0.split(separator: " ").last ?? "") } ?? -1
+        #expect(rounds >= 40, "newcomer rounds: \(rounds)")
         flood.stop()
         #expect(flood.sent > 10_000, "the flood was not a flood")
         #expect(lastSeen > 0, "the reader got no event")
