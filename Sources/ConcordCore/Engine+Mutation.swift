@@ -359,7 +359,7 @@ struct SharedEvent {
         w.raw(",\"seq\":")
         w.int(seq)
         w.bytes.append(contentsOf: UnsafeRawBufferPointer(start: payload.base, count: payload.count))
-        bytes = OutputBytes(w.bytes)
+        bytes = OutputBytes.copy(w.bytes)
     }
 
     var head: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: bytes.base, count: headCount) }

@@ -527,7 +527,7 @@ extension Engine {
         for (view, changes) in list {
             var w = JSONWriter(capacity: 128)
             writeQueryBody(&w, changes: changes, count: view.count, context: context)
-            let payload = OutputBytes(w.bytes)
+            let payload = OutputBytes.copy(w.bytes)
             // `origin` does not suppress query events (§3.1): no origins here.
             var shared: SharedEvent?
             let several = view.hasSeveral

@@ -3,36 +3,46 @@ import ConcordJSON
 /// Immutable bytes shared by every connection that sends them.
 ///
 /// An event payload encoded once for a view value is one `OutputBytes`; each
-/// subscriber's connection queues a reference to it, never a copy. The
-/// storage is malloc'ed once and never moves, so the event loop can hand the
-/// pointer to `uv_write` and keep the object alive until the write completes.
+/// subscriber's connection queues a reference to it, never a copy. The bytes
+/// follow the object in the same allocation (one malloc, not two: a
+/// connection takes a new block every take or two, so at 100 subscribers
+/// that was ~100 mallocs an update) and never move, so the event loop can
+/// hand the pointer to `uv_write` and keep the object alive until the write
+/// completes.
 ///
 /// An ``OutputQueue``'s block is one too: the queue writes it front to back,
 /// and hands out chunks only of bytes already written, which it never
 /// writes again (so the loop reads bytes the sequencer no longer touches).
-public final class OutputBytes: @unchecked Sendable {
-    // Sendable: a byte is written once (in init, or by the one queue that
-    // owns a block, before it hands the byte out) and only read afterwards.
-    public let base: UnsafeMutableRawPointer
-    public let count: Int
+public final class OutputBytes: ManagedBuffer<Int, UInt8> {
+    // Shared across threads (see `OutputChunk`): a byte is written once
+    // (when made, or by the one queue that owns a block, before it hands
+    // the byte out) and only read afterwards.
 
-    public init(_ bytes: [UInt8]) {
-        count = bytes.count
-        base = UnsafeMutableRawPointer.allocate(byteCount: max(count, 1), alignment: 1)
+    /// How many bytes (the header).
+    @inline(__always)
+    public var count: Int { header }
+
+    /// Where they are: inside the object, fixed for its lifetime.
+    @inline(__always)
+    public var base: UnsafeMutableRawPointer {
+        withUnsafeMutablePointerToElements { UnsafeMutableRawPointer($0) }
+    }
+
+    public var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: base, count: count) }
+
+    /// A copy of `bytes`.
+    public static func copy(_ bytes: [UInt8]) -> OutputBytes {
+        let b = block(capacity: bytes.count)
         bytes.withUnsafeBytes { src in
-            if let s = src.baseAddress { base.copyMemory(from: s, byteCount: count) }
+            if let s = src.baseAddress { b.base.copyMemory(from: s, byteCount: src.count) }
         }
+        return b
     }
 
     /// An unwritten block of `capacity` bytes (``OutputQueue``).
-    init(capacity: Int) {
-        count = capacity
-        base = UnsafeMutableRawPointer.allocate(byteCount: max(capacity, 1), alignment: 1)
+    static func block(capacity: Int) -> OutputBytes {
+        unsafeDowncast(create(minimumCapacity: max(capacity, 1)) { _ in capacity }, to: OutputBytes.self)
     }
-
-    deinit { base.deallocate() }
-
-    public var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: base, count: count) }
 }
 
 /// The decimal digits of a number ≥ 0 (a seq), right-aligned in 24 bytes
@@ -64,7 +74,10 @@ struct Digits {
 
 /// A run of bytes to write: a slice of an ``OutputBytes`` (which it keeps alive).
 public struct OutputChunk: Sendable {
-    public let owner: OutputBytes
+    // `OutputBytes` is a `ManagedBuffer`, which the standard library marks
+    // not Sendable (a subclass cannot say otherwise). Its bytes are written
+    // before a chunk of them exists and only read afterwards.
+    public nonisolated(unsafe) let owner: OutputBytes
     public let offset: Int
     public let count: Int
 
@@ -122,7 +135,7 @@ public struct OutputQueue {
     private mutating func newBlock(_ n: Int) -> UnsafeMutableRawPointer {
         closeRun()
         if block != nil { nextBlock = min(nextBlock * 2, Self.maxBlock) }
-        let b = OutputBytes(capacity: max(n, nextBlock))
+        let b = OutputBytes.block(capacity: max(n, nextBlock))
         block = b
         filled = 0
         runStart = 0

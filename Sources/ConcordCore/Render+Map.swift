@@ -115,16 +115,16 @@ extension Engine {
                 }
             }
             writeDocumentBody(&w, old: old, new: new, context: context, valueChanged: valueChanged, onlyChanged: known)
-            return .payload(OutputBytes(w.bytes), changed: changed)
+            return .payload(OutputBytes.copy(w.bytes), changed: changed)
         case .list(let view, let ended, let changed, let changes):
             guard !ended && !changes.isEmpty else { return .none }
             var w = JSONWriter(capacity: 256)
             writeCollectionBody(&w, name: view.name, changes: changes, context: context)
-            return .payload(OutputBytes(w.bytes), changed: changed)
+            return .payload(OutputBytes.copy(w.bytes), changed: changed)
         case .entity(let id, let changed):
             var w = JSONWriter(capacity: 256)
             writeEntityBody(&w, id: id, value: store.entity(id) ?? .null, context: context)
-            return .payload(OutputBytes(w.bytes), changed: changed)
+            return .payload(OutputBytes.copy(w.bytes), changed: changed)
         }
     }
 }

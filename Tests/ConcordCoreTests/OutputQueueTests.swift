@@ -57,7 +57,7 @@ struct OutputQueueTests {
             case 6, 7:
                 // Small payloads are copied, large ones referenced.
                 let b = bytes(rng.next() % 2 == 0 ? rng.next() % OutputQueue.copyLimit : OutputQueue.copyLimit + rng.next() % 5000, step)
-                queue.append(shared: OutputBytes(b))
+                queue.append(shared: OutputBytes.copy(b))
                 note(b)
             default:
                 #expect(queue.byteCount == sinceTake)
