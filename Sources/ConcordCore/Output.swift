@@ -205,7 +205,7 @@ public struct OutputQueue {
     /// writer, no scratch copy); false, and nothing written, otherwise.
     mutating func appendEventHeader(_ event: StaticString, _ s: SubscriptionRecord, seq: Int) -> Bool {
         guard s.nameIsPlain, seq >= 0 else { return false }
-        var digits = Digits(seq)
+        let digits = Digits(seq)
         let n = digits.count
         let open: StaticString = "{\"event\":\"", sub: StaticString = "\",\"sub\":", seqName: StaticString = ",\"seq\":"
         var name = s.name
