@@ -119,6 +119,8 @@ public final class Engine {
     let parser: JSONParser
     /// The render map step's slots, reused by every mutation (Render+Map.swift).
     let renderResults = RenderResults(count: 0)
+    /// The writer buffer of a mutation with one render job (Render+Map), kept between mutations.
+    var renderBuffer: [UInt8] = []
     /// A mutation's op list (a single op's) and effects, kept between
     /// mutations empty with their capacity: two allocations fewer each.
     var opsScratch: [(Mutation, origin: String?)] = []

@@ -73,18 +73,41 @@ extension Engine {
         // One job (a key's or a model's view, shared by its subscribers)
         // runs here: the closure the executor takes is escaping, and its
         // context was an allocation per mutation.
+        // Its writer's buffer is the engine's, kept from one mutation to the next.
         if jobs.count == 1 {
-            results[0] = renderJob(jobs[0], effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged)
+            var buffer = renderBuffer
+            renderBuffer = []
+            results[0] = renderJob(jobs[0], effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged,
+                                   buffer: &buffer)
+            if buffer.capacity <= OutputQueue.scratchLimit * 16 { renderBuffer = buffer }
             return results
         }
         executor.forEach(jobs.count) { i in
-            results[i] = self.renderJob(jobs[i], effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged)
+            var buffer: [UInt8] = []
+            results[i] = self.renderJob(jobs[i], effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged,
+                                        buffer: &buffer)
         }
         return results
     }
 
+    /// A writer over `buffer` (empty: `payload` leaves it so) with room for `capacity` bytes.
+    private func writer(_ buffer: inout [UInt8], capacity: Int) -> JSONWriter {
+        var w = JSONWriter(adopting: buffer)
+        buffer = []
+        if w.bytes.capacity < capacity { w.bytes.reserveCapacity(capacity) }
+        return w
+    }
+
+    /// The bytes `w` wrote, as the job's payload; its buffer, emptied, goes back to `buffer`.
+    private func payload(_ w: inout JSONWriter, _ buffer: inout [UInt8], changed: Bool) -> Rendered {
+        let out = OutputBytes.copy(w.bytes)
+        w.bytes.removeAll(keepingCapacity: true)
+        swap(&buffer, &w.bytes)
+        return .payload(out, changed: changed)
+    }
+
     private func renderJob(_ job: RenderPlan.Job, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?,
-                           valueChanged: IDSet) -> Rendered {
+                           valueChanged: IDSet, buffer: inout [UInt8]) -> Rendered {
         switch job {
         case .model(let view):
             return .model(renderModel(view, effects, seq: seq, origins: origins, context: context))
@@ -99,7 +122,7 @@ extension Engine {
             guard forced || changed else { return .none }
             // Room for a few hundred bytes of document without growing (the
             // writer doubles: 256 would copy once for a 250-byte document).
-            var w = JSONWriter(capacity: 512)
+            var w = writer(&buffer, capacity: 512)
             // Both are the store's (materialized) document: an entity the
             // mutation did not change has one value in both, not compared.
             // A document that is one entity, holding the same unchanged
@@ -115,16 +138,16 @@ extension Engine {
                 }
             }
             writeDocumentBody(&w, old: old, new: new, context: context, valueChanged: valueChanged, onlyChanged: known)
-            return .payload(OutputBytes.copy(w.bytes), changed: changed)
+            return payload(&w, &buffer, changed: changed)
         case .list(let view, let ended, let changed, let changes):
             guard !ended && !changes.isEmpty else { return .none }
-            var w = JSONWriter(capacity: 256)
+            var w = writer(&buffer, capacity: 256)
             writeCollectionBody(&w, name: view.name, changes: changes, context: context)
-            return .payload(OutputBytes.copy(w.bytes), changed: changed)
+            return payload(&w, &buffer, changed: changed)
         case .entity(let id, let changed):
-            var w = JSONWriter(capacity: 256)
+            var w = writer(&buffer, capacity: 256)
             writeEntityBody(&w, id: id, value: store.entity(id) ?? .null, context: context)
-            return .payload(OutputBytes.copy(w.bytes), changed: changed)
+            return payload(&w, &buffer, changed: changed)
         }
     }
 }
