@@ -29,6 +29,9 @@ struct EntityMap: Sequence {
 
     func contains(_ id: String) -> Bool { position(id) != nil }
 
+    /// Where `id` is in the order of addition.
+    func index(of id: String) -> Int? { position(id) }
+
     /// The `i`th identity added.
     func id(at i: Int) -> String { entries[i].id }
 

@@ -421,20 +421,22 @@ final class Store {
         }
         // Merge: members present in the update win, absent ones are kept from
         // the stored record; nested entities merge by identity on their own.
-        var merged: [String: JSON] = [:]
-        var inProgress: Set<String> = []
+        // Short maps searched in place (an update carries a few entities):
+        // a dictionary and a set hashed every identity with SipHash.
+        var merged = EntityMap()
+        var inProgress: [String] = []
         func mergedValue(_ id: String) -> JSON? {
             if let m = merged[id] { return m }
             guard let partial = resolved[id] else { return entities[id]?.value }
-            if inProgress.contains(id) { return nil }
-            inProgress.insert(id)
+            if inProgress.contains(where: { sameText($0, id) }) { return nil }
+            inProgress.append(id)
             var base = entities[id]?.value.objectValue ?? JSONObject()
             if let p = partial.objectValue {
                 for member in p.members { base[member.key] = member.value }
             }
             let result = tree.substituteNested(.object(base)) { mergedValue($0) }
-            inProgress.remove(id)
-            merged[id] = result
+            inProgress.removeLast()
+            merged.set(id, result)
             return result
         }
         var values = EntityMap()
@@ -447,15 +449,33 @@ final class Store {
     }
 
     private func findCycle(newValues: EntityMap) -> (String, String)? {
-        var childrenOf: [String: Children] = [:]
-        for (id, v) in newValues { childrenOf[id] = tree.nestedEntities(v) }
-        func children(_ id: String) -> Children { childrenOf[id] ?? entities[id]?.children ?? Children() }
-        for (root, _) in newValues {
-            let kids = childrenOf[root]!
-            var stack = Array(kids.keys)
-            var seen: Set<String> = []
+        // The stored graph has no cycle, so a new one takes an edge some
+        // new value gained: when none did (a merge of a post's date, or of
+        // an author it already had) there is nothing to search — the common
+        // merge, which built two dictionaries and walked the graph for it.
+        var kids: [Children] = []
+        kids.reserveCapacity(newValues.count)
+        var gained = false
+        for (id, v) in newValues {
+            let k = tree.nestedEntities(v)
+            if !gained, !k.isEmpty {
+                let old = entities[id]?.children
+                gained = k.contains { old?.contains($0.id) != true }
+            }
+            kids.append(k)
+        }
+        guard gained else { return nil }
+        // The new values' children by their place in the map (no dictionary
+        // of them); a root with no children starts no cycle.
+        func children(_ id: String) -> Children {
+            if let i = newValues.index(of: id) { return kids[i] }
+            return entities[id]?.children ?? Children()
+        }
+        for (r, (root, _)) in newValues.enumerated() where !kids[r].isEmpty {
+            var stack = Array(kids[r].keys)
+            var seen = IDSet()
             while let id = stack.popLast() {
-                if id == root { return (root, kids.keys.sorted().first ?? root) }
+                if sameText(id, root) { return (root, kids[r].keys.sorted().first ?? root) }
                 if !seen.insert(id).inserted { continue }
                 stack.append(contentsOf: children(id).keys)
             }

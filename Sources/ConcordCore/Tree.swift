@@ -526,6 +526,12 @@ struct Children: Sequence, Equatable, CustomStringConvertible {
 
     func makeIterator() -> IndexingIterator<[(id: String, count: Int)]> { list.makeIterator() }
 
+    /// Whether `id` is one of them (a walk of the list).
+    func contains(_ id: String) -> Bool {
+        for i in list.indices where sameText(list[i].id, id) { return true }
+        return false
+    }
+
     static func == (a: Children, b: Children) -> Bool {
         guard a.list.count == b.list.count else { return false }
         for i in a.list.indices where a.list[i].id != b.list[i].id || a.list[i].count != b.list[i].count { return false }
