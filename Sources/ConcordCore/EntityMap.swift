@@ -10,7 +10,8 @@ import ConcordJSON
 /// it keeps an index.
 struct EntityMap: Sequence {
     private var entries: [(id: String, value: JSON)] = []
-    private var index: [String: Int]? = nil
+    /// Past 16 entries: where each identity is (by bytes, as the short list compares).
+    private var index: IDTable<Int>? = nil
 
     init() {}
 
@@ -48,7 +49,7 @@ struct EntityMap: Sequence {
         if index != nil {
             index![id] = entries.count
         } else if entries.count == 16 {
-            var built: [String: Int] = [:]
+            var built = IDTable<Int>()
             built.reserveCapacity(32)
             for i in entries.indices { built[entries[i].id] = i }
             built[id] = entries.count
