@@ -202,6 +202,9 @@ struct ClusterTests {
         #expect(try a.request(#"{"op":"sync"}"#)["seq"] == 1)
         // schema and clear go through the log too (§8.6).
         #expect(try a.request(#"{"op":"schema","required":{"Message":["sender"]}}"#)["ok"] == true)
+        // Reading on another host: `sync` first (§8.3) — without it the read
+        // raced the log (b may not have applied the entry yet when a answered).
+        #expect(try b.request(#"{"op":"sync"}"#)["ok"] == true)
         let schema = try b.request(#"{"op":"schema"}"#)
         #expect(schema["required"]?["Message"] == .array(["sender"]))
         #expect(try b.request(#"{"op":"update","model":{"id":"Message:1","sender":{"id":"Person:1"}}}"#)["seq"] == 2)
