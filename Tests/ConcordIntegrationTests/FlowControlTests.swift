@@ -101,6 +101,82 @@ struct FlowControlTests {
         #expect(server.stop() == 0)
     }
 
+    /// Requests from idle connections go ahead of a pipelining writer's
+    /// lines (Sequencer: newcomers), but every turn's first round serves
+    /// every lane: twenty clients that each keep one request in flight —
+    /// every one of them a newcomer — slow the writer, never stop it, and
+    /// every request of theirs is answered in order.
+    @Test func newcomersNeverStarveAPipeliningWriter() throws {
+        let server = try ServerProcess()
+        let writer = try server.connect()
+        // The writer pipelines windows of 200 updates and reads every answer.
+        final class Counter: @unchecked Sendable {
+            // Sendable: guarded by `lock`.
+            let lock = NSLock()
+            var answered = 0
+            var stop = false
+            func add(_ n: Int) { lock.lock(); answered += n; lock.unlock() }
+            var value: Int { lock.lock(); defer { lock.unlock() }; return answered }
+            var stopped: Bool { lock.lock(); defer { lock.unlock() }; return stop }
+            func halt() { lock.lock(); stop = true; lock.unlock() }
+        }
+        let counter = Counter()
+        let writerDone = DispatchSemaphore(value: 0)
+        Thread {
+            var i = 0
+            while !counter.stopped {
+                var chunk = ""
+                for _ in 0..<200 {
+                    chunk += #"{"op":"update","key":"w","model":{"id":"W:1","n":\#(i)}}"# + "\n"
+                    i += 1
+                }
+                guard (try? writer.write(chunk)) != nil else { break }
+                for _ in 0..<200 {
+                    guard let r = try? writer.response(), r["ok"] == true else { writerDone.signal(); return }
+                }
+                counter.add(200)
+            }
+            writerDone.signal()
+        }.start()
+        let clients = try (0..<20).map { _ in try server.connect() }
+        let group = DispatchGroup()
+        final class Failures: @unchecked Sendable {
+            // Sendable: guarded by `lock`.
+            let lock = NSLock()
+            var list: [String] = []
+            func add(_ s: String) { lock.lock(); list.append(s); lock.unlock() }
+        }
+        let failures = Failures()
+        let before = counter.value
+        for (k, c) in clients.enumerated() {
+            group.enter()
+            Thread {
+                // 100 requests each, one in flight, a short pause between:
+                // idle for a millisecond or more, so each one is a newcomer.
+                for n in 0..<100 {
+                    let r = try? c.request(#"{"op":"update","key":"c\#(k)","model":{"id":"C:\#(k)","n":\#(n)}}"#)
+                    if r?["ok"] != true { failures.add("client \(k) request \(n): \(String(describing: r))") }
+                    usleep(1_500)
+                }
+                group.leave()
+            }.start()
+        }
+        #expect(group.wait(timeout: .now() + 120) == .success, "the interactive clients did not finish")
+        let during = counter.value - before
+        counter.halt()
+        #expect(writerDone.wait(timeout: .now() + 60) == .success)
+        #expect(failures.list.isEmpty, "\(failures.list.prefix(3))")
+        // Liveness, not speed: the writer kept getting answers while 2,000
+        // newcomer requests went ahead of it (it does ~300k a second alone).
+        #expect(during >= 2_000, "the writer got \(during) answers meanwhile")
+        // Each client's last write is what a get returns: nothing lost or reordered.
+        let probe = try server.connect()
+        for k in 0..<20 {
+            #expect(try probe.request(#"{"op":"get","key":"c\#(k)"}"#)["model"]?["n"] == 99)
+        }
+        #expect(server.stop() == 0)
+    }
+
     @Test func aClientThatWritesAndNeverReadsIsNotReadFurther() throws {
         let server = try ServerProcess(arguments: ["--output-soft-bytes", "262144"])
         let other = try server.connect()
