@@ -81,6 +81,9 @@ final class Sequencer: @unchecked Sendable {
     /// is answered after that many of a flood's lines, not after the turn.
     let arrivals = Atomic<Int>(0)
     static let arrivalCheckLines = 16
+    /// A turn that served a newcomer delivers once it is this old (at
+    /// once, when it already is).
+    static let newcomerTurn = 0.00025
     /// A newcomer: a few lines (a request, not a writer's window) from a
     /// connection whose previous lines came at least a millisecond ago (a
     /// pipelining writer's next read is not one). It is served before the
@@ -263,12 +266,16 @@ final class Sequencer: @unchecked Sendable {
             let started = monotonicSeconds()
             // The log first: what every host applies, in log order, within the turn's budget.
             if logHead < logQueue.count { applyLog(until: started + turnBudget) }
-            while turn(until: started + turnBudget) {
+            var until = started + turnBudget
+            while turn(until: until) {
                 taken = true
-                if monotonicSeconds() - started >= turnBudget { break }
                 // A request that arrived while the turn ran (a ping beside a
-                // flood) is answered now, not after the flood's next rounds.
-                if newcomerRound { break }
+                // flood) was just answered: the turn delivers soon, not after
+                // the flood's rounds to the budget — but not sooner than
+                // `newcomerTurn` after it began, so that a crowd of such
+                // requests costs at most one delivery per that much time.
+                if newcomerRound { until = min(until, started + Self.newcomerTurn) }
+                if monotonicSeconds() >= until { break }
                 condition.lock()
                 swap(&batch, &inbox)
                 condition.unlock()
@@ -575,6 +582,7 @@ final class Sequencer: @unchecked Sendable {
         }
         var next = 0
         var handled = 0
+        var arrived = false
         var stopped: (lane: Int, frame: Int)?
         // The turn ends when its time is spent, not only after its lines: one
         // request that costs much (a big view, a mutation many live queries
@@ -586,9 +594,13 @@ final class Sequencer: @unchecked Sendable {
                     stopped = (li, i)
                     break outer
                 }
-                if handled % Self.arrivalCheckLines == 0 && handled > 0 && arrivals.load(ordering: .relaxed) != arrivalsAtStart {
-                    // Someone idle sent a request: end the round here (the
-                    // rest goes back); the next round takes it in first.
+                if !arrived && handled % Self.arrivalCheckLines == 0 && handled > 0 {
+                    arrived = arrivals.load(ordering: .relaxed) != arrivalsAtStart
+                }
+                // Someone idle sent a request: end the round where the lines
+                // parsed ahead run out (the rest goes back unparsed: nothing
+                // is parsed twice); the next round takes the newcomer first.
+                if arrived && next >= parsedEnd, case .line = slice[i] {
                     stopped = (li, i)
                     break outer
                 }
