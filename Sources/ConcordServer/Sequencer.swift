@@ -550,6 +550,7 @@ final class Sequencer: @unchecked Sendable {
             picked.append((lane, slice))
         }
         guard !picked.isEmpty else { return false }
+        let handledInTurnBefore = handledInTurn
         handledInTurn = true
         if newcomerRound { metrics.newcomerRounds.add(1, ordering: .relaxed) }
         inboxBytes.subtract(bytesTaken, ordering: .relaxed)
@@ -594,7 +595,11 @@ final class Sequencer: @unchecked Sendable {
                     stopped = (li, i)
                     break outer
                 }
-                if !arrived && handled % Self.arrivalCheckLines == 0 && handled > 0 {
+                // Not before the round's last lane in the turn's first round:
+                // that round serves every lane (twenty newcomers ahead of a
+                // writer must not end it before the writer's turn comes).
+                if !arrived && handled % Self.arrivalCheckLines == 0 && handled > 0
+                    && (handledInTurnBefore || li == picked.count - 1) {
                     arrived = arrivals.load(ordering: .relaxed) != arrivalsAtStart
                 }
                 // Someone idle sent a request: end the round where the lines

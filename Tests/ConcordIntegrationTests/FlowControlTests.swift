@@ -167,8 +167,9 @@ struct FlowControlTests {
         #expect(writerDone.wait(timeout: .now() + 60) == .success)
         #expect(failures.list.isEmpty, "\(failures.list.prefix(3))")
         // Liveness, not speed: the writer kept getting answers while 2,000
-        // newcomer requests went ahead of it (it does ~300k a second alone).
-        #expect(during >= 2_000, "the writer got \(during) answers meanwhile")
+        // newcomer requests went ahead of it — a few of its windows at least
+        // (measured: ~9,500 in a debug build, ~1,600 under TSan).
+        #expect(during >= 400, "the writer got \(during) answers meanwhile")
         // Each client's last write is what a get returns: nothing lost or reordered.
         let probe = try server.connect()
         for k in 0..<20 {
