@@ -103,17 +103,17 @@ extension Engine {
     func recordVersions(_ change: StoreChange, effects: [ViewEffect], ops: [(Mutation, origin: String?)], token: String?) -> [String] {
         let written = WrittenIDs(effects: effects)
         // Keys and collection names by index (a loop over the pairs copied
-        // each through the runtime's generic tuple witnesses); no list at
-        // all for the common one-op mutation.
-        var keys = WrittenNames()
-        var lists = WrittenNames()
+        // each through the runtime's generic tuple witnesses), into sets
+        // that hold their first member inline (no allocation for one op).
+        var keys = IDSet()
+        var lists = IDSet()
         for i in ops.indices {
             switch ops[i].0 {
-            case .update(_, let key?, _, _): keys.append(key)
-            case .deleteKey(let key): keys.append(key)
+            case .update(_, let key?, _, _): keys.insert(key)
+            case .deleteKey(let key): keys.insert(key)
             case .collectionSet(let name, _), .collectionInsert(let name, _, _), .collectionRemoveAt(let name, _, _),
                  .collectionRemoveIDs(let name, _), .collectionDelete(let name):
-                lists.append(name)
+                lists.insert(name)
             default: break
             }
         }
@@ -144,28 +144,6 @@ struct WrittenIDs: Sequence, IteratorProtocol {
             i = 0
         }
         return nil
-    }
-}
-
-/// Names a mutation writes: the first without an array (one op, the common case).
-struct WrittenNames: Sequence {
-    private var first: String?
-    private var rest: [String] = []
-
-    mutating func append(_ name: String) {
-        if first == nil { first = name } else { rest.append(name) }
-    }
-
-    func makeIterator() -> Iterator { Iterator(names: self) }
-
-    struct Iterator: IteratorProtocol {
-        let names: WrittenNames
-        var i = -1
-        mutating func next() -> String? {
-            defer { i += 1 }
-            if i < 0 { return names.first }
-            return i < names.rest.count ? names.rest[i] : nil
-        }
     }
 }
 

@@ -39,11 +39,11 @@ public struct JSONObject: Sendable {
             // By index (no member copied out), lengths first (a mismatch
             // of small strings is otherwise a call into the runtime).
             let ms = members
-            for i in ms.indices where sameName(ms[i].key, key) { return ms[i].value }
+            for i in ms.indices where sameText(ms[i].key, key) { return ms[i].value }
             return nil
         }
         set {
-            if let i = members.firstIndex(where: { sameName($0.key, key) }) {
+            if let i = members.firstIndex(where: { sameText($0.key, key) }) {
                 if let v = newValue { members[i].value = v } else { members.remove(at: i) }
             } else if let v = newValue {
                 members.append(Member(key: key, value: v))
@@ -243,7 +243,7 @@ extension JSONObject: Equatable {
         if sameBuffer(a, b) { return true }
         // Same order is the common case: a linear pass decides it.
         var sameOrder = true
-        for i in a.indices where !sameName(a[i].key, b[i].key) {
+        for i in a.indices where !sameText(a[i].key, b[i].key) {
             sameOrder = false
             break
         }
@@ -332,7 +332,7 @@ extension JSONObject {
     @inlinable public func identity(idKey: String) -> String? {
         // By index: the members are not copied out one by one.
         let ms = members
-        for i in ms.indices where sameName(ms[i].key, idKey) {
+        for i in ms.indices where sameText(ms[i].key, idKey) {
             switch ms[i].value {
             case .string(let s): return s.isEmpty ? nil : s
             case .number(let n): return n.integerText
@@ -416,10 +416,6 @@ public func sameText(_ a: String, _ b: String) -> Bool {
     if (x.1 & y.1) >> 61 == 0b111 { return false }
     return sameBytes(a, b)
 }
-
-/// Member names compare as texts (``sameText(_:_:)``).
-@inlinable @inline(__always)
-public func sameName(_ a: String, _ b: String) -> Bool { sameText(a, b) }
 
 /// Byte equality of two strings: lengths, then eight bytes at a time.
 @usableFromInline

@@ -210,7 +210,7 @@ struct ParserState {
                 captured = irregular == irregularBefore ? valueStart ..< pos : nil
             }
             // Last one wins; linear check is fine for the small objects models are made of.
-            if memberStack.count - base < 32, let i = memberStack.lastIndex(from: base, where: { sameName($0.key, key) }) {
+            if memberStack.count - base < 32, let i = memberStack.lastIndex(from: base, where: { sameText($0.key, key) }) {
                 irregular &+= 1
                 memberStack[i].value = value
             } else {

@@ -29,8 +29,9 @@ final class Sequencer: @unchecked Sendable {
     enum Input {
         case open(ConnectionID, ConnectionFlow, PeerCredentials?)
         case close(ConnectionID)
-        /// `readAt`: when the loop read them (``monotonicSeconds()``), for the latency histogram.
-        case frames(ConnectionID, [LineFramer.Frame], bytes: Int, readAt: Double)
+        /// `readAt`: when the loop read them (``monotonicSeconds()``), for the latency histogram;
+        /// `newcomer`: the loop's judgement (``isNewcomer(lines:idle:)``), counted in ``arrivals``.
+        case frames(ConnectionID, [LineFramer.Frame], bytes: Int, readAt: Double, newcomer: Bool)
         /// A metrics scrape (`--metrics`): answered in ``Delivery/metrics`` with the same token.
         case metrics(token: Int)
         /// The loop wrote a coalescing connection's output down (§6.6).
@@ -75,8 +76,8 @@ final class Sequencer: @unchecked Sendable {
 
     /// Bytes of lines read by the loop and not yet handed to the engine, all connections.
     let inboxBytes = Atomic<Int>(0)
-    /// Bumped by the loop when a connection with no lines waiting here
-    /// sends some (a ping beside a flood): a running turn looks at it
+    /// Bumped by the loop when it hands over a newcomer's lines (a ping
+    /// beside a flood; ``isNewcomer(lines:idle:)``): a running turn looks at it
     /// every `arrivalCheckLines` lines and ends early, so that the newcomer
     /// is answered after that many of a flood's lines, not after the turn.
     let arrivals = Atomic<Int>(0)
@@ -137,8 +138,6 @@ final class Sequencer: @unchecked Sendable {
         /// The head line is long and being parsed off the sequencer; then its parse.
         var parsing = false
         var preparsed: Engine.ParsedLine?
-        /// When its last lines were read.
-        var lastReadAt = -Double.infinity
         var queued: Bool { head < frames.count }
         init(id: ConnectionID, flow: ConnectionFlow) {
             self.id = id
@@ -369,12 +368,11 @@ final class Sequencer: @unchecked Sendable {
                 lanes[id] = nil
                 engine.close(id)
             }
-        case .frames(let id, let frames, _, let readAt):
+        case .frames(let id, let frames, _, let readAt, let newcomer):
             guard let lane = lanes[id] else { return }
             if !lane.queued {
-                if Self.isNewcomer(lines: frames.count, idle: readAt - lane.lastReadAt) { newcomers.append(lane) } else { ready.append(lane) }
+                if newcomer { newcomers.append(lane) } else { ready.append(lane) }
             }
-            lane.lastReadAt = readAt
             lane.frames.append(contentsOf: frames)
             lane.readAt.append(contentsOf: repeatElement(readAt, count: frames.count))
         case .metrics(let token):

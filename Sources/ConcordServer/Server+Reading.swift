@@ -77,12 +77,12 @@ extension Server {
             // A connection that was idle (nothing waiting at the sequencer,
             // nothing sent for a while) and sends a request or a few is a
             // newcomer there: a running turn makes way for it (Sequencer.arrivals).
-            if conn.flow.unprocessed.add(bytes, ordering: .relaxed).oldValue == 0 && Sequencer.isNewcomer(lines: frames.count, idle: now - conn.lastSubmit) {
-                sequencer.arrivals.add(1, ordering: .relaxed)
-            }
+            let newcomer = conn.flow.unprocessed.add(bytes, ordering: .relaxed).oldValue == 0
+                && Sequencer.isNewcomer(lines: frames.count, idle: now - conn.lastSubmit)
+            if newcomer { sequencer.arrivals.add(1, ordering: .relaxed) }
             conn.lastSubmit = now
             sequencer.inboxBytes.add(bytes, ordering: .relaxed)
-            sequencer.submit(.frames(conn.id, frames, bytes: bytes, readAt: now))
+            sequencer.submit(.frames(conn.id, frames, bytes: bytes, readAt: now, newcomer: newcomer))
         }
         let unfinished = conn.framer.bufferedBytes
         if unfinished != conn.unfinished {

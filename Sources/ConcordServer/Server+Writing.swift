@@ -20,23 +20,13 @@ extension Server {
             // Small outputs first (a response, a few events), then the rest:
             // writes go out in this order, and a ping's answer should not
             // wait behind a fan-out's hundreds of kilobytes to other readers.
-            for pass in 0..<2 {
+            var large: [(ConnectionID, [OutputChunk], Int)] = []
             for (id, segments) in d.outputs {
                 var n = 0
                 for s in segments { n += s.count }
-                guard (n <= Self.smallOutput) == (pass == 0) else { continue }
-                guard let conn = connections[id], !conn.closing else { continue }
-                if conn.closeWhenFlushed && !shuttingDown {
-                    // Over the hard limit: nothing more is queued for it.
-                    conn.flow.unsent.subtract(n, ordering: .relaxed)
-                    continue
-                }
-                conn.queued.append(contentsOf: segments)
-                conn.queuedBytes += n
-                if conn.inFlight == nil { writeQueued(conn) }
-                checkOutput(conn)
+                if n <= Self.smallOutput { queueOutput(id, segments, n) } else { large.append((id, segments, n)) }
             }
-            }
+            for (id, segments, n) in large { queueOutput(id, segments, n) }
             if !d.mutationsReadAt.isEmpty {
                 let now = monotonicSeconds()
                 for t in d.mutationsReadAt { metrics.latency.recordNanoseconds(Int64(max(0, now - t) * 1e9)) }
@@ -51,6 +41,20 @@ extension Server {
             if d.drained { startClosing() }
         }
         if tookInput { recheckStalled() }
+    }
+
+    /// Queues a delivery's `n` bytes for connection `id` and starts its write.
+    private func queueOutput(_ id: ConnectionID, _ segments: [OutputChunk], _ n: Int) {
+        guard let conn = connections[id], !conn.closing else { return }
+        if conn.closeWhenFlushed && !shuttingDown {
+            // Over the hard limit: nothing more is queued for it.
+            conn.flow.unsent.subtract(n, ordering: .relaxed)
+            return
+        }
+        conn.queued.append(contentsOf: segments)
+        conn.queuedBytes += n
+        if conn.inFlight == nil { writeQueued(conn) }
+        checkOutput(conn)
     }
 
     /// Starts one vectored write of everything queued.
