@@ -106,7 +106,7 @@ let package = Package(
         .executableTarget(
             name: "concord-load",
             dependencies: [
-                "ConcordJSON", "ConcordProtocol", "ConcordCore", "ConcordServer", "ConcordSocket",
+                "CJemalloc", "ConcordJSON", "ConcordProtocol", "ConcordCore", "ConcordServer", "ConcordSocket",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],

@@ -3,6 +3,7 @@
 // below). The benchmark next to Redis is Benchmarks/ConcordBench (make bench).
 
 import ArgumentParser
+import CJemalloc
 import ConcordCore
 import ConcordJSON
 import ConcordProtocol
@@ -26,7 +27,7 @@ struct LoadOptions: ParsableCommand {
             Commands, with the options each reads [and their defaults]:
               codec        parse/encode MB/s of ConcordJSON [-n 200000]
               core         the engine alone on one thread, no sockets: µs per
-                           update [-n 200000 --subs 1 --kind key|model|none|rename|posts|range|pages]
+                           update [-n 200000 --subs 1 --kind key|model|none|rename|posts|range|pages|views]
               pipeline     pipelined updates/s on one connection [-n 200000]
               fanout       delivered events/s, S subscribers on one view
                            [-s 100 -n 20000 --kind key|model|ids]
@@ -311,6 +312,33 @@ case "core":
         measuredLoop(engine, lines)
         let s = now() - t
         print(String(format: "core: %d renames, each re-materializing 100 posts: %.2f µs per rename (%.3f µs per post)", n, s / Double(n) * 1e6, s / Double(n) * 1e4))
+        break
+    }
+    if kind == "views" {
+        // concord-bench's query memory row: 100,000 posts by 1,000 authors,
+        // then one view per author ("the 20 newest posts of author A", ~100
+        // members each); jemalloc bytes per view and per member.
+        for i in 0..<100_000 {
+            engine.handleLine(Array(#"{"op":"update","model":{"id":"Post:\#(i)","date":\#(i),"title":"Post number \#(i)","author":{"id":"Person:\#(i % 1000)","name":"Person \#(i % 1000)"}}}"#.utf8), from: 0)
+        }
+        _ = engine.takeOutput()
+        engine.open(1)
+        let before = jemallocAllocated()
+        let t = now()
+        for a in 0..<1000 {
+            engine.handleLine(Array(#"{"op":"subscribe","sub":"q\#(a)","query":{"type":"Post","where":{"path":"author.id","eq":"\#(ProcessInfo.processInfo.environment["VIEWS_EMPTY"] != nil ? "Nobody" : "Person"):\#(a)"},"order":[{"path":"date","desc":true}],"limit":20}}"#.utf8), from: 1)
+            if a % 100 == 99 { _ = engine.takeOutput() }
+            if a == 0 {
+                _ = engine.takeOutput()
+                let first = jemallocAllocated()
+                print(String(format: "views: the first view (the type's entity indexes, built once) %.0f bytes, %.1f per entity", Double(first - before), Double(first - before) / 100_000))
+            }
+        }
+        _ = engine.takeOutput()
+        let built = now() - t
+        let after = jemallocAllocated()
+        print(String(format: "views: 1,000 views of 100 members built in %.2f s; %.0f jemalloc bytes per view, %.1f per member (allocated %d → %d)",
+                     built, Double(after - before) / 1000, Double(after - before) / 100_000, before, after))
         break
     }
     if kind == "posts" || kind == "range" || kind == "pages" {
@@ -618,4 +646,12 @@ func measuredLoop(_ engine: Engine, _ lines: [[UInt8]]) {
         engine.handleLine(l, from: 0)
         _ = engine.takeOutput()
     }
+}
+
+/// jemalloc's `stats.allocated`, after refreshing its epoch.
+func jemallocAllocated() -> Int {
+    _ = CJemalloc_refresh()
+    var v = 0
+    _ = CJemalloc_read_size("stats.allocated", &v)
+    return v
 }

@@ -52,31 +52,48 @@ extension Engine {
                 if !w.pending.isEmpty { note("query definition \(w.key) holds changes between mutations") }
             }
             let prefix = view.spec.type + ":"
-            var expected: [OrderTree<SortKey>.Element] = []  // values: SortValue
+            let ids = queries.identities
+            var expected: [OrderTree<QueryView.Placed>.Element] = []
             for (id, v) in store.entities where id.hasPrefix(prefix) && view.matches(v.value) {
-                expected.append(.init(values: view.sortValues(v.value), id: id))
+                guard let h = ids.find(id) else {
+                    note("query view \(key): \(id) matches but has no handle")
+                    continue
+                }
+                expected.append(.init(values: .init(sort: view.sortValues(v.value), slot: -1), id: h))
             }
             expected.sort(by: view.tree.less)
             let actual = view.tree.ids(0 ..< view.tree.count)
-            if actual != expected.map(\.id) { note("query view \(key): holds \(actual.prefix(10)) but \(expected.prefix(10).map(\.id)) match") }
-            if Set(view.members.keys) != Set(actual) { note("query view \(key): members disagree with its tree") }
-            for (id, m) in view.members where view.tree.element(m.node).id != id { note("query view \(key): \(id)'s node holds \(view.tree.element(m.node).id)") }
+            if actual != expected.map(\.id) { note("query view \(key): holds \(actual.prefix(10).map(ids.name)) but \(expected.prefix(10).map { ids.name($0.id) }) match") }
             for p in view.tree.structureViolations().prefix(3) { note("query view \(key): tree: \(p)") }
-            for id in actual where !(queries.memberOf[id]?.contains(view) ?? false) {
-                note("query view \(key): \(id) is not indexed to it")
+            // Every member is listed in its entity's memberships, at the slot its node keeps.
+            for n in 0..<view.tree.nodeCapacity {
+                let h = view.tree.id(ofNode: n)
+                guard h != Identities.none else { continue }
+                let slot = Int(view.tree.element(Int32(n)).values.slot)
+                let list = Int(h) < queries.memberOf.count ? queries.memberOf[Int(h)] : .empty
+                if slot < 0 || slot >= list.count || list[slot].view !== view || list[slot].node != Int32(n) {
+                    note("query view \(key): \(ids.name(h)) is not listed to it at slot \(slot)")
+                }
             }
         }
-        for (id, views) in queries.memberOf {
-            for slot in 0..<views.count {
-                let v = views[slot]
-                guard let m = v.members[id] else {
-                    note("\(id) is indexed to query view \(v.key), which does not hold it")
+        if queries.memberOf.count != queries.identities.capacity { note("\(queries.memberOf.count) membership lists for \(queries.identities.capacity) handles") }
+        for p in queries.identities.violations().prefix(3) { note(p) }
+        for (h, list) in queries.memberOf.enumerated() {
+            if !list.isEmpty && queries.identities.names[h].isEmpty { note("free handle \(h) has memberships") }
+            for slot in 0..<list.count {
+                let m = list[slot]
+                let v = m.view
+                if m.node < 0 || Int(m.node) >= v.tree.nodeCapacity || v.tree.id(ofNode: Int(m.node)) != UInt32(h) {
+                    note("\(queries.identities.names[h]) is listed to query view \(v.key), which does not hold it there")
                     continue
                 }
-                if m.slot != Int32(slot) { note("\(id): query view \(v.key) is at slot \(slot) of its list but thinks \(m.slot)") }
-                if !v.retired && queries.views[v.key] !== v { note("\(id) is indexed to query view \(v.key), which is neither live nor dropped") }
+                let kept = v.tree.element(m.node).values.slot
+                if kept != Int32(slot) { note("\(queries.identities.names[h]): query view \(v.key) is at slot \(slot) of its list but thinks \(kept)") }
+                if !v.retired && queries.views[v.key] !== v { note("\(queries.identities.names[h]) is listed to query view \(v.key), which is neither live nor dropped") }
             }
         }
+        let listed = queries.types.values.reduce(0) { $0 + $1.entities.count }
+        if listed != queries.identities.count { note("types list \(listed) entities, \(queries.identities.count) have handles") }
         let held = queries.views.values.reduce(0) { $0 + $1.held }
         if held != queries.heldMembers { note("query views hold \(held) entities but \(queries.heldMembers) are counted") }
         let rangeEntries = queries.types.values.reduce(0) { $0 + $1.entitiesByRange.values.reduce(0) { $0 + $1.count } }
@@ -103,13 +120,17 @@ extension Engine {
                 }
             }
             let inMemory = Set(store.entities.keys.filter { $0.hasPrefix(prefix) })
-            if inMemory != tq.entities { note("type \(type): the query index knows \(tq.entities.count) entities, memory holds \(inMemory.count)") }
+            let ids = queries.identities
+            if inMemory != Set(tq.entities.map(ids.name)) || inMemory.count != tq.entities.count { note("type \(type): the query index knows \(tq.entities.count) entities, memory holds \(inMemory.count)") }
+            for (i, h) in tq.entities.enumerated() where ids.typeSlot[Int(h)] != Int32(i) {
+                note("type \(type): \(ids.name(h)) is at \(i) of its type's list but thinks \(ids.typeSlot[Int(h)])")
+            }
             for (pk, entry) in tq.paths {
                 var expected: [String: Set<String>] = [:]
                 for id in inMemory {
                     if let v = store.entity(id), let x = QueryEval.value(v, entry.path) { expected[QueryEval.filingKey(x), default: []].insert(id) }
                 }
-                let actual = (tq.entitiesByValue[pk] ?? [:]).filter { !$0.value.isEmpty }
+                let actual = (tq.entitiesByValue[pk] ?? [:]).filter { !$0.value.isEmpty }.mapValues { Set($0.map(ids.name)) }
                 if actual != expected { note("type \(type): the value index of \(entry.path) disagrees with the entities") }
             }
             for (pk, index) in tq.entitiesByRange {
@@ -118,7 +139,7 @@ extension Engine {
                     let c = RangeKey.compare($0.key, $1.key)
                     return c != 0 ? c < 0 : QueryEval.compareStrings($0.id, $1.id) < 0
                 }
-                let actual = index.all()
+                let actual = index.all().map { (key: $0.key, id: ids.name($0.id)) }
                 if actual.map(\.id) != expected.map(\.id) || zip(actual, expected).contains(where: { RangeKey.compare($0.key, $1.key) != 0 }) {
                     note("type \(type): the entity range index on \(index.path) disagrees with the entities")
                 }

@@ -28,51 +28,69 @@ final class TypeQueries {
     var ranges: [String: (path: QueryPath, tree: RangeTree)] = [:]
     var unindexed: [QueryView] = []
     var viewCount = 0
-    /// Every entity of the type in memory: built on the first query of the
-    /// type, kept up to date while one lives (a new definition scans it).
-    var entities: Set<String> = []
+    /// Every entity of the type in memory, by handle (``Identities``; each
+    /// knows its place here, `Identities.typeSlot`): built on the first
+    /// query of the type, kept up to date while one lives (a new definition
+    /// scans it). This list owns the handles: an entity has one while it is
+    /// listed here.
+    var entities: [UInt32] = []
     /// path → value key → entities with that value (for building indexed
     /// views without scanning the whole type). An entity's old key is read
     /// from its value before the mutation, so none is stored per entity.
-    var entitiesByValue: [String: [String: Set<String>]] = [:]
+    var entitiesByValue: [String: [String: Set<UInt32>]] = [:]
     /// path (joined by NUL) → the entities ordered by that path's value,
     /// while a range view on the path lives (building range views).
     var entitiesByRange: [String: RangeEntityIndex] = [:]
 }
 
-/// The query views one entity is a member of. Most entities are in one:
-/// it is kept inline, and an array is only allocated for a second. Each
-/// view knows its place (``QueryView/Member/slot``), so leaving is O(1).
+/// One entity's membership of a query view: the view, and the node of its
+/// tree that holds the entity.
+struct Membership {
+    let view: QueryView
+    var node: Int32
+}
+
+/// The query views one entity is a member of (24 bytes). Most entities are
+/// in one: it is kept inline, and an array is only allocated for a second.
+/// Each view's node knows its place here (``QueryView/Placed/slot``), so
+/// leaving is O(1).
 struct ViewList {
-    private(set) var first: QueryView
-    private var rest: [QueryView] = []
+    private(set) var first: Membership?
+    private var rest: [Membership] = []
 
-    init(_ view: QueryView) { first = view }
+    static var empty: ViewList { ViewList() }
 
-    var count: Int { 1 + rest.count }
+    var count: Int { first == nil ? 0 : 1 + rest.count }
+    var isEmpty: Bool { first == nil }
 
-    subscript(slot: Int) -> QueryView { slot == 0 ? first : rest[slot - 1] }
+    subscript(slot: Int) -> Membership { slot == 0 ? first! : rest[slot - 1] }
 
-    /// Appends `view`; returns its slot.
-    mutating func append(_ view: QueryView) -> Int32 {
-        rest.append(view)
+    /// Appends a membership; returns its slot.
+    mutating func append(_ m: Membership) -> Int32 {
+        if first == nil {
+            first = m
+            return 0
+        }
+        rest.append(m)
         return Int32(rest.count)
     }
 
-    func contains(_ view: QueryView) -> Bool { first === view || rest.contains { $0 === view } }
-
-    func forEach(_ body: (QueryView) -> Void) {
+    func forEach(_ body: (Membership) -> Void) {
+        guard let first else { return }
         body(first)
-        for v in rest { body(v) }
+        for m in rest { body(m) }
     }
 
-    /// Removes the view at `slot` by moving the last one into its place.
-    /// Returns the view moved (now at `slot`), and false when none is left.
-    mutating func remove(at slot: Int) -> (moved: QueryView?, left: Bool) {
-        guard let last = rest.popLast() else { return (nil, false) }
-        if slot == rest.count + 1 { return (nil, true) }
+    /// Removes the membership at `slot` by moving the last one into its
+    /// place; returns the one moved (now at `slot`), if any.
+    mutating func remove(at slot: Int) -> Membership? {
+        guard let last = rest.popLast() else {
+            first = nil
+            return nil
+        }
+        if slot == rest.count + 1 { return nil }
         if slot == 0 { first = last } else { rest[slot - 1] = last }
-        return (last, true)
+        return last
     }
 }
 
@@ -83,8 +101,13 @@ final class QueryRegistry {
     /// Definitions (window included) → what their subscribers see.
     var windows: [String: QueryWindow] = [:]
     var types: [String: TypeQueries] = [:]
-    /// Entity → the views it is a member of.
-    var memberOf = IDTable<ViewList>()
+    /// The handles of the entities the query structures hold.
+    let identities = Identities()
+    /// Handle → the views the entity is a member of (a column: one entry
+    /// per handle, live or free).
+    var memberOf: [ViewList] = []
+    /// Which changed entity ``Engine/updateQueries(_:)`` is visiting (``QueryView/visitStamp``).
+    var stamp: UInt64 = 0
     /// Member slots all views hold together (members × sort keys, see
     /// ``QueryView/weight``), kept as views are built, dropped and changed
     /// (`--max-query-entities`).
@@ -131,7 +154,8 @@ extension Engine {
     private func queryView(_ spec: QuerySpec) throws(ProtocolError) -> QueryView {
         let key = spec.canonicalKey
         if let v = queries.views[key] { return v }
-        let view = QueryView(key: key, spec: spec, visitAllUpTo: configuration.internalChecks ? 0 : 8)
+        let view = QueryView(key: key, spec: spec, identities: queries.identities, visitAllUpTo: configuration.internalChecks ? 0 : 8)
+        let names = queries.identities
         view.builtAt = seq
         let tq = typeQueries(spec.type)
         view.index = QueryIndexKey.of(view.condition)
@@ -141,8 +165,8 @@ extension Engine {
             ensureValueIndex(tq, idx.path)
             if let byValue = tq.entitiesByValue[pk] {
                 for vk in idx.values {
-                    guard let ids = byValue[vk] else { continue }
-                    for id in ids { if let v = store.entity(id) { view.add(id, v) } }
+                    guard let handles = byValue[vk] else { continue }
+                    for h in handles { addMember(h, names.name(h), view) }
                 }
             }
             view.valueSlots.reserveCapacity(idx.values.count)
@@ -161,9 +185,9 @@ extension Engine {
         } else {
             let bounds = RangeBounds.of(view.condition)
             if let r = bounds, let index = rangeEntityIndex(tq, r.path) {
-                for id in index.ids(from: r.lo, through: r.hi) { if let v = store.entity(id) { view.add(id, v) } }
+                for h in index.ids(from: r.lo, through: r.hi) { addMember(h, names.name(h), view) }
             } else {
-                for id in tq.entities { if let v = store.entity(id) { view.add(id, v) } }
+                for h in tq.entities { addMember(h, names.name(h), view) }
             }
             queries.nextSerial &+= 1
             view.serial = queries.nextSerial
@@ -177,7 +201,7 @@ extension Engine {
                 tq.unindexed.append(view)
             }
         }
-        for id in view.members.keys { fileMember(id, view) }
+        view.tree.shrinkToFit()
         tq.viewCount += 1
         queries.views[key] = view
         // Memory is bounded by configuration: every view holds all its matches.
@@ -194,9 +218,60 @@ extension Engine {
         if let t = queries.types[type] { return t }
         let t = TypeQueries()
         let prefix = type + ":"
-        for id in store.entities.keys where id.hasPrefix(prefix) { t.entities.insert(id) }
+        for id in store.entities.keys where id.hasPrefix(prefix) { _ = listEntity(id, t) }
         queries.types[type] = t
         return t
+    }
+
+    /// Lists an entity of a queried type that is not listed: its new handle.
+    private func listEntity(_ id: String, _ tq: TypeQueries) -> UInt32 {
+        let h = queries.identities.insert(id)
+        if queries.memberOf.count < queries.identities.capacity {
+            // Grown by half, as the identities' columns are.
+            if queries.memberOf.capacity < queries.identities.capacity { queries.memberOf.reserveCapacity(queries.identities.names.capacity) }
+            while queries.memberOf.count < queries.identities.capacity { queries.memberOf.append(.empty) }
+        }
+        queries.identities.typeSlot[Int(h)] = Int32(tq.entities.count)
+        if tq.entities.count == tq.entities.capacity { tq.entities.reserveCapacity(max(16, tq.entities.count + tq.entities.count / 2)) }
+        tq.entities.append(h)
+        return h
+    }
+
+    /// Takes an entity out of its type's list (it is gone): its handle is
+    /// free, and its memberships (of dropped views, if any are left) with it.
+    private func unlistEntity(_ h: UInt32, _ tq: TypeQueries) {
+        let ids = queries.identities
+        let slot = Int(ids.typeSlot[Int(h)])
+        let last = tq.entities.removeLast()
+        if slot < tq.entities.count {
+            tq.entities[slot] = last
+            ids.typeSlot[Int(last)] = Int32(slot)
+        }
+        queries.memberOf[Int(h)] = .empty
+        ids.remove(h)
+        if ids.count == 0 { queries.memberOf = [] }
+    }
+
+    /// Gives up the handles of a type whose last view went.
+    private func unlistEntities(_ tq: TypeQueries) {
+        let ids = queries.identities
+        if tq.entities.count == ids.count {
+            ids.removeAll()
+            queries.memberOf = []
+        } else {
+            for h in tq.entities {
+                queries.memberOf[Int(h)] = .empty
+                ids.remove(h)
+            }
+            if ids.count == 0 { queries.memberOf = [] }
+        }
+        tq.entities = []
+    }
+
+    /// Files entity `h` in a view being built, when its value matches.
+    private func addMember(_ h: UInt32, _ id: String, _ view: QueryView) {
+        guard let v = store.entity(id), let node = view.add(h, v) else { return }
+        view.setSlot(node, queries.memberOf[Int(h)].append(Membership(view: view, node: node)))
     }
 
     /// The type's entities ordered by `path`, built on first use (one pass
@@ -205,9 +280,9 @@ extension Engine {
         let pk = Self.pathKey(path)
         if let index = tq.entitiesByRange[pk] { return index }
         guard queries.rangeIndexEntries + tq.entities.count <= configuration.maxQueryEntities else { return nil }
-        let index = RangeEntityIndex(path: path)
-        for id in tq.entities {
-            if let k = index.key(store.entity(id)) { index.insert(id, k) }
+        let index = RangeEntityIndex(path: path, identities: queries.identities)
+        for h in tq.entities {
+            if let k = index.key(store.entity(queries.identities.name(h))) { index.insert(h, k) }
         }
         queries.rangeIndexEntries += index.count
         tq.entitiesByRange[pk] = index
@@ -217,41 +292,25 @@ extension Engine {
     private func ensureValueIndex(_ tq: TypeQueries, _ path: QueryPath) {
         let pk = Self.pathKey(path)
         guard tq.entitiesByValue[pk] == nil else { return }
-        var byValue: [String: Set<String>] = [:]
-        for id in tq.entities {
-            guard let v = store.entity(id), let x = QueryEval.value(v, path) else { continue }
+        var byValue: [String: Set<UInt32>] = [:]
+        for h in tq.entities {
+            guard let v = store.entity(queries.identities.name(h)), let x = QueryEval.value(v, path) else { continue }
             let k = QueryEval.filingKey(x)
-            byValue[k, default: []].insert(id)
+            byValue[k, default: []].insert(h)
         }
         tq.entitiesByValue[pk] = byValue
     }
 
-    /// Lists `view` among the views `id` is a member of.
-    private func fileMember(_ id: String, _ view: QueryView) {
-        var slot: Int32 = 0
-        if !queries.memberOf.insert(id, ViewList(view)) {
-            queries.memberOf.modify(id, default: ViewList(view)) { list in
-                slot = list.append(view)
-                return true
-            }
-        }
-        view.members[id]?.slot = slot
-    }
-
-    /// Takes `view` out of `id`'s list, in O(1): the last view of the list
-    /// moves into its slot. Nothing when the list no longer holds it there
-    /// (an update rebuilt the list without the dropped view).
-    private func unfileMember(_ id: String, _ view: QueryView, slot: Int32) {
-        // Checked without keeping a copy of the list: a copy alive at the
-        // removal would make it copy its whole array (O(views) per call).
-        guard slot >= 0, queries.memberOf[id].map({ Int(slot) < $0.count && $0[Int(slot)] === view }) == true else { return }
-        var moved: QueryView?
-        queries.memberOf.modify(id, default: ViewList(view)) { list in
-            let r = list.remove(at: Int(slot))
-            moved = r.moved
-            return r.left
-        }
-        moved?.members[id]?.slot = slot
+    /// Takes `view` out of entity `h`'s list, in O(1): the last membership
+    /// of the list moves into its slot. Nothing when the list no longer
+    /// holds it there (an update rebuilt the list without the dropped view,
+    /// or the entity went and its handle was given again: lists are only
+    /// ever built with live views).
+    private func unfileMember(_ h: UInt32, _ view: QueryView, slot: Int32) {
+        let i = Int(h)
+        guard slot >= 0, i < queries.memberOf.count, Int(slot) < queries.memberOf[i].count,
+              queries.memberOf[i][Int(slot)].view === view else { return }
+        if let moved = queries.memberOf[i].remove(at: Int(slot)) { moved.view.setSlot(moved.node, slot) }
     }
 
     /// A window lost its last subscriber: it goes, and its view with it when
@@ -271,10 +330,10 @@ extension Engine {
         queries.views[view.key] = nil
         queries.heldMembers -= view.held
         view.retired = true
-        view.tree.removeAll()
         for w in view.windows where queries.windows[w.key] === w { queries.windows[w.key] = nil }
         view.dropWindows()
-        view.unfiling = view.members.makeIterator()
+        // Its tree is kept until its memberships are unfiled (they are found through it).
+        view.unfileCursor = 0
         queries.retiring.append(view)
     }
 
@@ -284,14 +343,17 @@ extension Engine {
         var used = 0
         while used < units, queries.retiringHead < queries.retiring.count {
             let view = queries.retiring[queries.retiringHead]
-            // Its memberships.
-            while used < units, let (id, _) = view.unfiling?.next() {
-                if let m = view.members[id] { unfileMember(id, view, slot: m.slot) }
+            // Its memberships: every node of its tree.
+            while used < units, view.unfileCursor < view.tree.nodeCapacity {
+                let n = view.unfileCursor
+                view.unfileCursor += 1
+                let h = view.tree.id(ofNode: n)
+                if h != Identities.none { unfileMember(h, view, slot: view.tree.element(Int32(n)).values.slot) }
                 used += 1
             }
             if used >= units { break }
-            view.unfiling = nil
-            view.members = [:]
+            view.tree.removeAll()
+            view.unfileCursor = 0
             guard let tq = queries.types[view.spec.type] else {
                 queries.retiringHead += 1
                 continue
@@ -337,6 +399,8 @@ extension Engine {
             if tq.viewCount == 0 {
                 for index in tq.entitiesByRange.values { queries.rangeIndexEntries -= index.count }
                 tq.entitiesByRange = [:]
+                tq.entitiesByValue = [:]
+                unlistEntities(tq)
                 queries.types[view.spec.type] = nil
                 // Its entities may be evicted again; a later query lists them anew.
                 persistence?.loadedTypes.remove(view.spec.type)
@@ -410,65 +474,73 @@ extension Engine {
         if changed.count > 1 { changed.sort { $0.id < $1.id } }
         var touched: [QueryView] = []
         let current: (String) -> JSON? = { self.store.entity($0) }
+        var candidates: [Membership] = []
         for (id, tq) in changed {
             let value = store.entity(id)
             // Written back to what it was (within a batch): nothing to do.
             let before = store.valueBeforeMutation(id)
             if before == (value ?? .null) { continue }
-            // The type's entity set and value indexes.
-            if value == nil { tq.entities.remove(id) } else if before == .null { tq.entities.insert(id) }
+            // The type's entity list (its handle) and value indexes.
+            let h: UInt32
+            if let known = queries.identities.find(id) {
+                h = known
+            } else if before == .null {
+                h = listEntity(id, tq)
+            } else {
+                // Not listed although it was in memory: the internal checks say so.
+                continue
+            }
             for (pk, entry) in tq.paths {
                 let newKey = value.flatMap { QueryEval.value($0, entry.path) }.map(QueryEval.filingKey)
                 let oldKey = before == .null ? nil : QueryEval.value(before, entry.path).map(QueryEval.filingKey)
                 if oldKey != newKey {
-                    if let oldKey { tq.entitiesByValue[pk]?[oldKey]?.remove(id) }
-                    if let newKey { tq.entitiesByValue[pk]?[newKey, default: []].insert(id) }
+                    if let oldKey { tq.entitiesByValue[pk]?[oldKey]?.remove(h) }
+                    if let newKey { tq.entitiesByValue[pk]?[newKey, default: []].insert(h) }
                 }
             }
             for index in tq.entitiesByRange.values {
-                queries.rangeIndexEntries += index.move(id, from: before == .null ? nil : before, to: value)
+                queries.rangeIndexEntries += index.move(h, from: before == .null ? nil : before, to: value)
             }
-            // Candidates: where it is, where its new value may put it, and the unindexed.
+            // Candidates: where it is (with its nodes), where its new value
+            // may put it, and the unindexed; each view once (its stamp).
             // Dropped views are skipped (they are being unfiled).
-            var candidates: [QueryView] = []
-            queries.memberOf[id]?.forEach { if !$0.retired { candidates.append($0) } }
+            queries.stamp &+= 1
+            let stamp = queries.stamp
+            candidates.removeAll(keepingCapacity: true)
+            queries.memberOf[Int(h)].forEach { m in
+                guard !m.view.retired else { return }
+                m.view.visitStamp = stamp
+                candidates.append(m)
+            }
+            func consider(_ view: QueryView) {
+                guard !view.retired, view.visitStamp != stamp else { return }
+                view.visitStamp = stamp
+                candidates.append(Membership(view: view, node: -1))
+            }
             if let value {
                 for (pk, entry) in tq.paths {
                     guard let x = QueryEval.value(value, entry.path), let filed = tq.byValue[pk]?[QueryEval.filingKey(x)] else { continue }
-                    for f in filed where !f.view.retired { candidates.append(f.view) }
+                    for f in filed { consider(f.view) }
                 }
             }
             if let value, !tq.ranges.isEmpty {
                 for (_, entry) in tq.ranges {
                     guard let x = QueryEval.value(value, entry.path), let k = RangeKey(x) else { continue }
-                    entry.tree.forEach(holding: k) { if !$0.retired { candidates.append($0) } }
+                    entry.tree.forEach(holding: k) { consider($0) }
                 }
             }
-            for view in tq.unindexed where !view.retired { candidates.append(view) }
-            if candidates.isEmpty { continue }
-            // Every view it was in is a candidate: its memberOf is rebuilt from the results.
-            var members: [QueryView] = []
-            if candidates.count == 1 {
-                let view = candidates[0]
+            for view in tq.unindexed { consider(view) }
+            // Every view it was in is a candidate: its list is rebuilt from the results.
+            var list = ViewList.empty
+            for c in candidates {
+                let view = c.view
                 let listed = view.touched
-                if view.apply(id, value: value, current: current) { members.append(view) }
+                let node = view.apply(h, node: c.node, value: value, current: current)
+                if node >= 0 { view.setSlot(node, list.append(Membership(view: view, node: node))) }
                 if !listed && view.touched { touched.append(view) }
-            } else {
-                var seen: Set<ObjectIdentifier> = []
-                for view in candidates where seen.insert(ObjectIdentifier(view)).inserted {
-                    let listed = view.touched
-                    if view.apply(id, value: value, current: current) { members.append(view) }
-                    if !listed && view.touched { touched.append(view) }
-                }
             }
-            if members.isEmpty {
-                queries.memberOf[id] = nil
-            } else {
-                var list = ViewList(members[0])
-                members[0].members[id]?.slot = 0
-                for v in members.dropFirst() { v.members[id]?.slot = list.append(v) }
-                queries.memberOf[id] = list
-            }
+            queries.memberOf[Int(h)] = list
+            if value == nil { unlistEntity(h, tq) }
         }
         var out: [(QueryWindow, [CollectionStep])] = []
         for view in touched {
@@ -560,7 +632,8 @@ extension Engine {
         queries.views = [:]
         queries.windows = [:]
         queries.types = [:]
-        queries.memberOf = [:]
+        queries.memberOf = []
+        queries.identities.removeAll()
         queries.heldMembers = 0
         queries.rangeIndexEntries = 0
         queries.retiring = []

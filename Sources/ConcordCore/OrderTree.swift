@@ -9,12 +9,14 @@ import ConcordJSON
 ///
 /// Elements are (sort values, identity); `less` orders them and must be a
 /// strict total order (the identity breaks ties, so no two elements are equal).
+/// The identity is a 32-bit number: an entity's handle (``Identities``), or
+/// a window's serial.
 /// A view's members are ordered by their ``SortKey``; the range index of a
 /// type's entities by the ``RangeKey`` of one path.
 struct OrderTree<Values> {
     struct Element {
         var values: Values
-        var id: String
+        var id: UInt32
     }
 
     private var elements: [Element] = []
@@ -22,7 +24,6 @@ struct OrderTree<Values> {
     private var right: [Int32] = []
     private var size: [Int32] = []
     private var parent: [Int32] = []
-    private var priority: [UInt32] = []
     private var free: [Int32] = []
     private var root: Int32 = -1
     let less: (Element, Element) -> Bool
@@ -61,14 +62,35 @@ struct OrderTree<Values> {
         if n >= 0 { parent[Int(n)] = -1 }
     }
 
-    /// FNV-1a of the identity's bytes, mixed.
-    private static func hash(_ id: String) -> UInt32 {
-        var h: UInt32 = 2_166_136_261
-        for b in id.utf8 { h = (h ^ UInt32(b)) &* 16_777_619 }
+    /// The identity, mixed (a treap's priority: any fixed scramble of
+    /// distinct numbers will do; results never depend on the shape).
+    private static func hash(_ id: UInt32) -> UInt32 {
+        var h = id &* 0x9E37_79B1
         h ^= h >> 15
         h = h &* 0x2C1B_3C6D
         h ^= h >> 12
         return h
+    }
+
+    /// A node's priority: its identity, scrambled (not stored: 4 bytes a node).
+    @inline(__always)
+    private func priority(_ n: Int32) -> UInt32 { Self.hash(elements[Int(n)].id) }
+
+    /// Gives back the room its arrays grew beyond their nodes (after a
+    /// build: appending doubled them). Only without free nodes.
+    mutating func shrinkToFit() {
+        guard free.isEmpty, elements.capacity > elements.count else { return }
+        func fit<T>(_ a: inout [T]) {
+            var b: [T] = []
+            b.reserveCapacity(a.count)
+            b.append(contentsOf: a)
+            a = b
+        }
+        fit(&elements)
+        fit(&left)
+        fit(&right)
+        fit(&size)
+        fit(&parent)
     }
 
     private mutating func newNode(_ e: Element) -> Int32 {
@@ -78,7 +100,6 @@ struct OrderTree<Values> {
             right[Int(n)] = -1
             size[Int(n)] = 1
             parent[Int(n)] = -1
-            priority[Int(n)] = Self.hash(e.id)
             return n
         }
         elements.append(e)
@@ -86,7 +107,6 @@ struct OrderTree<Values> {
         right.append(-1)
         size.append(1)
         parent.append(-1)
-        priority.append(Self.hash(e.id))
         return Int32(elements.count - 1)
     }
 
@@ -109,7 +129,7 @@ struct OrderTree<Values> {
     private mutating func merge(_ a: Int32, _ b: Int32) -> Int32 {
         if a < 0 { return b }
         if b < 0 { return a }
-        if priority[Int(a)] > priority[Int(b)] {
+        if priority(a) > priority(b) {
             setRight(a, merge(right[Int(a)], b))
             update(a)
             return a
@@ -138,6 +158,18 @@ struct OrderTree<Values> {
     /// The element a node handle (from ``insertNode(_:)``) holds.
     func element(_ node: Int32) -> Element { elements[Int(node)] }
 
+    /// Changes what a node holds beside its order (`body` must not change
+    /// how the element compares).
+    mutating func modifyValues(_ node: Int32, _ body: (inout Values) -> Void) {
+        body(&elements[Int(node)].values)
+    }
+
+    /// Nodes are numbered `0 ..< nodeCapacity`; a free one holds ``Identities/none``.
+    var nodeCapacity: Int { elements.count }
+
+    /// The identity a node holds, ``Identities/none`` when it is free.
+    func id(ofNode n: Int) -> UInt32 { elements[n].id }
+
     /// Removes `e` (present) and returns the position it had.
     @discardableResult
     mutating func remove(_ e: Element) -> Int {
@@ -164,7 +196,7 @@ struct OrderTree<Values> {
                 x = parent[Int(x)]
             }
         }
-        elements[Int(n)] = Element(values: vacant, id: "")
+        elements[Int(n)] = Element(values: vacant, id: Identities.none)
         left[Int(n)] = -1
         right[Int(n)] = -1
         parent[Int(n)] = -1
@@ -196,7 +228,7 @@ struct OrderTree<Values> {
             setRight(n, removeNode(right[Int(n)], e))
         } else {
             let m = merge(left[Int(n)], right[Int(n)])
-            elements[Int(n)] = Element(values: vacant, id: "")
+            elements[Int(n)] = Element(values: vacant, id: Identities.none)
             free.append(n)
             return m
         }
@@ -257,10 +289,10 @@ struct OrderTree<Values> {
     }
 
     /// The identities at positions `range` (clamped), in order: O(log n + k).
-    func ids(_ range: Range<Int>) -> [String] {
+    func ids(_ range: Range<Int>) -> [UInt32] {
         let lo = max(0, range.lowerBound), hi = min(count, range.upperBound)
         guard lo < hi else { return [] }
-        var out: [String] = []
+        var out: [UInt32] = []
         out.reserveCapacity(hi - lo)
         // In-order walk from `lo`, with an explicit stack.
         var stack: [Int32] = []
@@ -300,7 +332,7 @@ struct OrderTree<Values> {
             if n < 0 { return 0 }
             seen += 1
             if parent[Int(n)] != p { problems.append("node \(n): parent \(parent[Int(n)]), linked under \(p)") }
-            if p >= 0 && priority[Int(n)] > priority[Int(p)] { problems.append("node \(n): priority above its parent's") }
+            if p >= 0 && priority(n) > priority(p) { problems.append("node \(n): priority above its parent's") }
             let l = walk(left[Int(n)], n)
             if previous >= 0 && !less(elements[Int(previous)], elements[Int(n)]) { problems.append("node \(n): out of order") }
             previous = n
@@ -319,7 +351,6 @@ struct OrderTree<Values> {
         right = []
         size = []
         parent = []
-        priority = []
         free = []
         root = -1
     }

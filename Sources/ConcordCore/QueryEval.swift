@@ -13,6 +13,8 @@ enum SortValue {
     case string(String)
     case array([JSON])
     case object
+    /// Several order keys' values together (``SortKey``); never from JSON.
+    case keys([SortValue])
 
     init(_ v: JSON?) {
         guard let v else {
@@ -39,6 +41,7 @@ enum SortValue {
         case .string: return 5
         case .array: return 6
         case .object: return 7
+        case .keys: return 8
         }
     }
 
@@ -61,20 +64,26 @@ enum SortValue {
     }
 }
 
-/// An entity's sort values, the first one inline: most queries order by one
-/// member, and then a member costs no array of its own.
+/// An entity's sort values in one ``SortValue`` (24 bytes, no array of its
+/// own for the common single-key order): one key's value as it is, several
+/// as `.keys` (a case no JSON value makes).
 struct SortKey {
-    var first: SortValue = .missing
-    var rest: [SortValue] = []
+    var packed: SortValue = .missing
 
     init() {}
 
     init(_ values: [SortValue]) {
-        if let f = values.first { first = f }
-        if values.count > 1 { rest = Array(values.dropFirst()) }
+        switch values.count {
+        case 0: packed = .missing
+        case 1: packed = values[0]
+        default: packed = .keys(values)
+        }
     }
 
-    subscript(i: Int) -> SortValue { i == 0 ? first : rest[i - 1] }
+    subscript(i: Int) -> SortValue {
+        if case .keys(let all) = packed { return all[i] }
+        return packed
+    }
 }
 
 /// Evaluating queries on materialized values (PROTOCOL.md §3.1).

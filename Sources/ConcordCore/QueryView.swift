@@ -17,17 +17,18 @@ final class QueryView {
     /// The canonical key of the definition without its window.
     let key: String
     let spec: QuerySpec
-    var tree: OrderTree<SortKey>
-    /// The condition, prepared (hash sets for `in` lists).
-    let condition: CompiledCondition?
-    /// A member: its node in the tree (which holds its sort values) and its
-    /// place in the engine's `memberOf` list of the entity (so leaving it is O(1)).
-    struct Member {
-        var node: Int32
+    /// The members, by handle (``Identities``): each node holds the
+    /// member's sort values and its place in the engine's `memberOf` list of
+    /// the entity (so leaving it is O(1)). Which node holds an entity is
+    /// kept in that list, not here: an update reaches a view through it.
+    var tree: OrderTree<Placed>
+    struct Placed {
+        var sort: SortKey
         var slot: Int32
     }
-    /// Each member's identity → its node and slot.
-    var members = IDTable<Member>()
+    let identities: Identities
+    /// The condition, prepared (hash sets for `in` lists).
+    let condition: CompiledCondition?
     /// The windows over it (at least one while it is live), in no order;
     /// each knows its slot, so one leaves in O(1) (a connection closing with
     /// thousands of pages of one list must not cost their square).
@@ -44,6 +45,8 @@ final class QueryView {
     var byOffset = OrderTree<WindowAt>(vacant: WindowAt(offset: 0, window: nil)) { a, b in
         a.values.offset != b.values.offset ? a.values.offset < b.values.offset : a.id < b.id
     }
+    /// Numbers for its windows (their tie-break in `byOffset`).
+    private var nextWindowSerial: UInt32 = 0
     var unlimited: [QueryWindow] = []
     var maxLimit = 0
     /// Up to this many windows a change simply visits them all (cheaper than
@@ -71,24 +74,27 @@ final class QueryView {
     /// one of its members (`since`, §3.2: a window's contents follow from these).
     var builtAt = 0
     var changedAt = 0
-    /// Retired views: the members still to unfile, and how far the value index is.
-    var unfiling: IDTable<Member>.Iterator?
+    /// Retired views: the next node of the tree to unfile, and how far the value index is.
+    var unfileCursor = 0
     var unfiledValues = 0
+    /// Which changed entity last reached it (``Engine/updateQueries(_:)``: a view is visited once per entity).
+    var visitStamp: UInt64 = 0
 
     /// `spec` without its window (offset 0, no limit).
-    init(key: String, spec: QuerySpec, visitAllUpTo: Int = 8) {
+    init(key: String, spec: QuerySpec, identities: Identities, visitAllUpTo: Int = 8) {
         self.key = key
         self.spec = spec
+        self.identities = identities
         self.visitAllUpTo = visitAllUpTo
         condition = spec.condition.map(CompiledCondition.init)
         let order = spec.order
-        tree = OrderTree(vacant: SortKey()) { a, b in
+        tree = OrderTree(vacant: Placed(sort: SortKey(), slot: -1)) { [unowned identities] a, b in
             for i in order.indices {
-                var c = SortValue.compare(a.values[i], b.values[i])
+                var c = SortValue.compare(a.values.sort[i], b.values.sort[i])
                 if order[i].descending { c = -c }
                 if c != 0 { return c < 0 }
             }
-            return QueryEval.compareStrings(a.id, b.id) < 0
+            return QueryEval.compareStrings(identities.name(a.id), identities.name(b.id)) < 0
         }
     }
 
@@ -119,21 +125,25 @@ final class QueryView {
         case 0: return SortKey()
         case 1:
             var k = SortKey()
-            k.first = SortValue(QueryEval.value(value, spec.order[0].path))
+            k.packed = SortValue(QueryEval.value(value, spec.order[0].path))
             return k
         default: return SortKey(spec.order.map { SortValue(QueryEval.value(value, $0.path)) })
         }
     }
 
-    /// Files an entity without producing changes (building the view).
-    func add(_ id: String, _ value: JSON) {
-        guard matches(value) else { return }
-        members[id] = Member(node: tree.insertNode(.init(values: sortValues(value), id: id)).node, slot: -1)
+    /// Files an entity without producing changes (building the view):
+    /// its node, nil when it does not match.
+    func add(_ id: UInt32, _ value: JSON) -> Int32? {
+        guard matches(value) else { return nil }
+        return tree.insertNode(.init(values: Placed(sort: sortValues(value), slot: -1), id: id)).node
     }
+
+    /// Records where a member is in the engine's list of its views.
+    @inline(__always)
+    func setSlot(_ node: Int32, _ slot: Int32) { tree.modifyValues(node) { $0.slot = slot } }
 
     /// Empties it (the view is being dropped).
     func dropAll() {
-        members = [:]
         tree.removeAll()
         dropWindows()
     }
@@ -154,7 +164,8 @@ final class QueryView {
         w.windowSlot = Int32(windows.count)
         windows.append(w)
         if let limit = w.limit {
-            w.offsetNode = byOffset.insertNode(.init(values: WindowAt(offset: w.offset, window: w), id: w.key)).node
+            nextWindowSerial &+= 1
+            w.offsetNode = byOffset.insertNode(.init(values: WindowAt(offset: w.offset, window: w), id: nextWindowSerial)).node
             maxLimit = max(maxLimit, limit)
         } else {
             w.offsetNode = Int32(unlimited.count)
@@ -222,14 +233,13 @@ final class QueryView {
     }
 
     /// Re-files one entity after a change (`value` nil: it is gone) and
-    /// appends each window's changes. `current` reads an entity's current
-    /// value. Returns true when the entity is a member afterwards.
-    @discardableResult
-    func apply(_ id: String, value: JSON?, current: (String) -> JSON?) -> Bool {
-        let member = members[id]
-        let old = member.map { tree.element($0.node).values }
+    /// appends each window's changes. `node` is the entity's node when it
+    /// is a member (-1 when not). `current` reads an entity's current
+    /// value. Returns its node afterwards, -1 when it is not a member.
+    func apply(_ id: UInt32, node: Int32, value: JSON?, current: (String) -> JSON?) -> Int32 {
+        let old = node >= 0 ? tree.element(node).values.sort : nil
         let isMember = value.map(matches) ?? false
-        guard old != nil || isMember else { return false }
+        guard old != nil || isMember else { return -1 }
         // Touched only when the entity concerns it (an unindexed view tested
         // and not matched costs nothing more).
         if !touched {
@@ -238,27 +248,28 @@ final class QueryView {
         }
         let n = tree.count
         let move: Move
+        var result: Int32 = -1
         switch (old, isMember) {
         case (let ov?, true):
             let nv = sortValues(value!)
             if sameValues(ov, nv) {
-                move = .stayed(rank: tree.rank(node: member!.node))
+                move = .stayed(rank: tree.rank(node: node))
+                result = node
             } else {
-                let rOld = tree.remove(node: member!.node)
-                let (rNew, node) = tree.insertNode(.init(values: nv, id: id))
-                members[id]!.node = node
+                let rOld = tree.remove(node: node)
+                let (rNew, newNode) = tree.insertNode(.init(values: Placed(sort: nv, slot: -1), id: id))
+                result = newNode
                 move = .moved(from: rOld, to: rNew)
             }
         case (nil, true):
-            let (rNew, node) = tree.insertNode(.init(values: sortValues(value!), id: id))
-            members[id] = Member(node: node, slot: -1)
+            let (rNew, newNode) = tree.insertNode(.init(values: Placed(sort: sortValues(value!), slot: -1), id: id))
+            result = newNode
             move = .entered(at: rNew)
         case (.some, false):
-            let rOld = tree.remove(node: member!.node)
-            members[id] = nil
+            let rOld = tree.remove(node: node)
             move = .left(from: rOld)
         case (nil, false):
-            return false
+            return -1
         }
         switch move {
         case .stayed(let r):
@@ -269,7 +280,7 @@ final class QueryView {
             // Every window after the rank shifts, and every one's count changes.
             for w in windows { w.note(move, n: n, value: value, current: current) }
         }
-        return isMember
+        return result
     }
 }
 
@@ -308,14 +319,14 @@ final class QueryWindow: SharedView {
     }
 
     func windowIDs() -> [String] {
-        view.tree.ids(offset ..< offset + windowSize(view.tree.count))
+        view.tree.ids(offset ..< offset + windowSize(view.tree.count)).map(view.identities.name)
     }
 
     /// Appends the changes one entity's move makes to this window; `n` is
     /// the count before it, the tree is already the one after it.
     func note(_ move: QueryView.Move, n: Int, value: JSON?, current: (String) -> JSON?) {
         let k = offset
-        func item(_ pos: Int) -> JSON { current(view.tree.select(pos).id) ?? .null }
+        func item(_ pos: Int) -> JSON { current(view.identities.name(view.tree.select(pos).id)) ?? .null }
         func insert(_ i: Int, _ v: JSON) { pending.append(.insert(index: i, items: [v])) }
         func remove(_ i: Int) { pending.append(.remove(index: i, count: 1)) }
         switch move {

@@ -259,12 +259,16 @@ struct RangeTree {
 /// for ``RangeTree``. A class: the engine updates it in place through its table.
 final class RangeEntityIndex {
     let path: QueryPath
-    private var tree = OrderTree<RangeKey>(vacant: .start(.number)) { a, b in
-        let c = RangeKey.compare(a.values, b.values)
-        return c != 0 ? c < 0 : QueryEval.compareStrings(a.id, b.id) < 0
-    }
+    /// Entities by handle; ties broken by identity (text).
+    private var tree: OrderTree<RangeKey>
 
-    init(path: QueryPath) { self.path = path }
+    init(path: QueryPath, identities: Identities) {
+        self.path = path
+        tree = OrderTree<RangeKey>(vacant: .start(.number)) { [unowned identities] a, b in
+            let c = RangeKey.compare(a.values, b.values)
+            return c != 0 ? c < 0 : QueryEval.compareStrings(identities.name(a.id), identities.name(b.id)) < 0
+        }
+    }
 
     var count: Int { tree.count }
 
@@ -274,11 +278,11 @@ final class RangeEntityIndex {
         return RangeKey(x)
     }
 
-    func insert(_ id: String, _ k: RangeKey) { tree.insert(.init(values: k, id: id)) }
-    func remove(_ id: String, _ k: RangeKey) { tree.remove(.init(values: k, id: id)) }
+    func insert(_ id: UInt32, _ k: RangeKey) { tree.insert(.init(values: k, id: id)) }
+    func remove(_ id: UInt32, _ k: RangeKey) { tree.remove(.init(values: k, id: id)) }
 
     /// Moves `id` from the key of `old` to the key of `new`; returns the change in entries.
-    func move(_ id: String, from old: JSON?, to new: JSON?) -> Int {
+    func move(_ id: UInt32, from old: JSON?, to new: JSON?) -> Int {
         let a = key(old), b = key(new)
         switch (a, b) {
         case (nil, nil): return 0
@@ -292,15 +296,15 @@ final class RangeEntityIndex {
         }
     }
 
-    /// The identities whose key lies in `lo ... hi`, in key order.
-    func ids(from lo: RangeKey, through hi: RangeKey) -> [String] {
+    /// The handles whose key lies in `lo ... hi`, in key order.
+    func ids(from lo: RangeKey, through hi: RangeKey) -> [UInt32] {
         let first = tree.prefixCount { RangeKey.compare($0.values, lo) < 0 }
         let end = tree.prefixCount { RangeKey.compare($0.values, hi) <= 0 }
         return tree.ids(first..<end)
     }
 
     /// Every (key, identity), in order (for the internal checks).
-    func all() -> [(key: RangeKey, id: String)] {
+    func all() -> [(key: RangeKey, id: UInt32)] {
         (0..<tree.count).map { let e = tree.select($0); return (e.values, e.id) }
     }
 }

@@ -10,11 +10,11 @@ import Testing
     func ranksAndRemovalsByHandleAgreeWithASortedList(seed: UInt64) {
         var rng = SeededRandom(seed: seed)
         var tree = OrderTree<Int>(vacant: 0) { a, b in a.values != b.values ? a.values < b.values : a.id < b.id }
-        var reference: [(values: Int, id: String)] = []
-        var handles: [String: Int32] = [:]
-        func position(_ id: String) -> Int { reference.firstIndex { $0.id == id }! }
+        var reference: [(values: Int, id: UInt32)] = []
+        var handles: [UInt32: Int32] = [:]
+        func position(_ id: UInt32) -> Int { reference.firstIndex { $0.id == id }! }
         for step in 0..<3000 {
-            let id = "e\(Int.random(in: 0..<400, using: &rng))"
+            let id = UInt32.random(in: 0..<400, using: &rng)
             if let node = handles[id] {
                 let expected = position(id)
                 #expect(tree.rank(node: node) == expected, "seed \(seed) step \(step)")

@@ -511,3 +511,99 @@ import Testing
         #expect(c(.end(.number), .start(.string)) == -1)
     }
 }
+
+/// The handles of queried entities (``Identities``): given back when an
+/// entity goes or its type's last view does, given again to new entities,
+/// while dropped views are still being unfiled with the old ones.
+@Suite struct QueryHandleTests {
+    @Test(arguments: [11, 12, 13] as [UInt64])
+    func handlesGoAndComeBackWhileDroppedViewsUnfile(seed: UInt64) {
+        var rng = SeededRandom(seed: seed)
+        let h = EngineHarness()
+        let w = h.connect()
+        let viewers = [h.connect(), h.connect()]
+        let definitions = [
+            #"{"type":"Post","where":{"path":"author.id","eq":"Person:1"},"order":[{"path":"date","desc":true}],"limit":3}"#,
+            #"{"type":"Post","where":{"path":"author.id","in":["Person:1","Person:2"]},"order":[{"path":"author.id"},{"path":"date"}]}"#,
+            #"{"type":"Post","where":{"all":[{"path":"date","gte":20},{"path":"date","lt":60}]},"order":[{"path":"date"}],"limit":4}"#,
+            #"{"type":"Post","where":{"path":"title","prefix":"t"},"offset":1,"limit":2}"#,
+            #"{"type":"Note","order":[{"path":"rank","desc":true}],"limit":5}"#,
+            #"{"type":"Note","where":{"path":"rank","gt":3}}"#,
+        ]
+        var subscribed: [Set<Int>] = [[], []]
+        for step in 0..<1500 {
+            let r = Int.random(in: 0..<100, using: &rng)
+            let n = Int.random(in: 0..<12, using: &rng)
+            switch r {
+            case 0..<30:
+                w.ok(#"{"op":"update","model":{"id":"Post:\#(n)","date":\#(Int.random(in: 0..<80, using: &rng)),"title":"t\#(n % 3)","author":{"id":"Person:\#(n % 3)"}}}"#)
+            case 30..<45:
+                w.ok(#"{"op":"update","model":{"id":"Note:\#(n)","rank":\#(Int.random(in: 0..<8, using: &rng))}}"#)
+            case 45..<62:
+                _ = w.send(#"{"op":"delete","id":"\#(n % 2 == 0 ? "Post" : "Note"):\#(n)"}"#)
+            case 62..<82:
+                let v = Int.random(in: 0..<2, using: &rng)
+                let d = Int.random(in: 0..<definitions.count, using: &rng)
+                if subscribed[v].contains(d) {
+                    viewers[v].ok(#"{"op":"unsubscribe","sub":"d\#(d)"}"#)
+                    subscribed[v].remove(d)
+                } else {
+                    viewers[v].ok(#"{"op":"subscribe","sub":"d\#(d)","query":\#(definitions[d])}"#)
+                    subscribed[v].insert(d)
+                }
+            case 82..<92:
+                // Dropped views unfile a few memberships at a time: entities
+                // go and come back (their handles given again) meanwhile.
+                _ = h.engine.doDeferredWork(units: Int.random(in: 1...4, using: &rng))
+            default:
+                _ = w.send(#"{"op":"get","query":\#(definitions[n % definitions.count])}"#)
+            }
+            for v in viewers { _ = v.take() }
+            _ = w.take()
+            if step % 50 == 0 {
+                let problems = h.engine.invariantViolations()
+                #expect(problems.isEmpty, "seed \(seed) step \(step): \(problems.prefix(3))")
+            }
+        }
+        for (v, subs) in subscribed.enumerated() {
+            for d in subs { viewers[v].ok(#"{"op":"unsubscribe","sub":"d\#(d)"}"#) }
+        }
+        while h.engine.doDeferredWork(units: 7) {}
+        #expect(h.engine.invariantViolations().isEmpty)
+        #expect(h.engine.queries.types.isEmpty)
+        #expect(h.engine.queries.identities.count == 0)
+        #expect(h.engine.queries.memberOf.isEmpty)
+    }
+
+    @Test func theTableAgreesWithADictionary() {
+        var rng = SeededRandom(seed: 5)
+        let ids = Identities()
+        var reference: [String: UInt32] = [:]
+        for step in 0..<20_000 {
+            // Short identities (held in a String's two words) and long ones.
+            let n = Int.random(in: 0..<600, using: &rng)
+            let id = n % 3 == 0 ? "Entity:with-a-longer-identity-\(n)" : "E:\(n)"
+            if let handle = reference[id] {
+                #expect(ids.find(id) == handle)
+                #expect(ids.name(handle) == id)
+                if Bool.random(using: &rng) {
+                    ids.remove(handle)
+                    reference[id] = nil
+                    #expect(ids.find(id) == nil)
+                }
+            } else {
+                #expect(ids.find(id) == nil)
+                let handle = ids.insert(id)
+                #expect(!reference.values.contains(handle), "step \(step): handle \(handle) given twice")
+                reference[id] = handle
+            }
+            if step % 1000 == 0 { #expect(ids.violations().isEmpty, "step \(step): \(ids.violations().prefix(3))") }
+        }
+        #expect(ids.count == reference.count)
+        for (id, handle) in reference {
+            ids.remove(handle)
+            #expect(ids.find(id) == nil)
+        }
+        #expect(ids.count == 0 && ids.capacity == 0)
+    }
+}
