@@ -93,7 +93,8 @@ extension Engine {
             }
         }
         let listed = queries.types.values.reduce(0) { $0 + $1.entities.count }
-        if listed != queries.identities.count { note("types list \(listed) entities, \(queries.identities.count) have handles") }
+        let releasing = queries.releasing.count - queries.releasingHead
+        if listed + releasing != queries.identities.count { note("types list \(listed) entities and \(releasing) are being given back, \(queries.identities.count) have handles") }
         let held = queries.views.values.reduce(0) { $0 + $1.held }
         if held != queries.heldMembers { note("query views hold \(held) entities but \(queries.heldMembers) are counted") }
         let rangeEntries = queries.types.values.reduce(0) { $0 + $1.entitiesByRange.values.reduce(0) { $0 + $1.count } }

@@ -108,6 +108,11 @@ final class QueryRegistry {
     var memberOf: [ViewList] = []
     /// Which changed entity ``Engine/updateQueries(_:)`` is visiting (``QueryView/visitStamp``).
     var stamp: UInt64 = 0
+    /// Handles of types whose last view went, given back in slices between
+    /// turns (a type of a million entities must not hold one turn);
+    /// `releasingHead` is the next.
+    var releasing: [UInt32] = []
+    var releasingHead = 0
     /// Member slots all views hold together (members × sort keys, see
     /// ``QueryView/weight``), kept as views are built, dropped and changed
     /// (`--max-query-entities`).
@@ -216,6 +221,9 @@ extension Engine {
 
     private func typeQueries(_ type: String) -> TypeQueries {
         if let t = queries.types[type] { return t }
+        // The handles of a dropped type must be given back before its
+        // entities are listed again (this is a scan of the store anyway).
+        _ = releaseHandles(units: .max)
         let t = TypeQueries()
         let prefix = type + ":"
         for id in store.entities.keys where id.hasPrefix(prefix) { _ = listEntity(id, t) }
@@ -252,20 +260,36 @@ extension Engine {
         if ids.count == 0 { queries.memberOf = [] }
     }
 
-    /// Gives up the handles of a type whose last view went.
+    /// Gives up the handles of a type whose last view went: at once when
+    /// they are all there is, else in slices (``releaseHandles(units:)``).
     private func unlistEntities(_ tq: TypeQueries) {
         let ids = queries.identities
         if tq.entities.count == ids.count {
             ids.removeAll()
             queries.memberOf = []
         } else {
-            for h in tq.entities {
-                queries.memberOf[Int(h)] = .empty
-                ids.remove(h)
-            }
-            if ids.count == 0 { queries.memberOf = [] }
+            queries.releasing.append(contentsOf: tq.entities)
         }
         tq.entities = []
+    }
+
+    /// Gives back at most `units` handles of dropped types; returns the units used.
+    func releaseHandles(units: Int) -> Int {
+        let ids = queries.identities
+        var used = 0
+        while used < units, queries.releasingHead < queries.releasing.count {
+            let h = queries.releasing[queries.releasingHead]
+            queries.releasingHead += 1
+            queries.memberOf[Int(h)] = .empty
+            ids.remove(h)
+            used += 1
+        }
+        if ids.count == 0 { queries.memberOf = [] }
+        if queries.releasingHead == queries.releasing.count {
+            queries.releasing = []
+            queries.releasingHead = 0
+        }
+        return used
     }
 
     /// Files entity `h` in a view being built, when its value matches.
@@ -432,7 +456,9 @@ extension Engine {
     }
 
     /// Whether dropped views are still being unfiled.
-    var hasRetiringViews: Bool { queries.retiringHead < queries.retiring.count }
+    var hasRetiringViews: Bool {
+        queries.retiringHead < queries.retiring.count || queries.releasingHead < queries.releasing.count
+    }
 
     /// The current window's values.
     func queryItems(_ w: QueryWindow) -> [JSON] {
@@ -638,5 +664,7 @@ extension Engine {
         queries.rangeIndexEntries = 0
         queries.retiring = []
         queries.retiringHead = 0
+        queries.releasing = []
+        queries.releasingHead = 0
     }
 }

@@ -244,6 +244,7 @@ public final class Engine {
     public func doDeferredWork(units: Int = 4096) -> Bool {
         var used = endClosedSubscriptions(units: max(1, units))
         if used < units { used += unfileRetiredViews(units: units - used) }
+        if used < units { used += releaseHandles(units: units - used) }
         checkInvariantsIfEnabled()
         return hasDeferredWork
     }

@@ -552,8 +552,10 @@ import Testing
                     subscribed[v].insert(d)
                 }
             case 82..<92:
-                // Dropped views unfile a few memberships at a time: entities
-                // go and come back (their handles given again) meanwhile.
+                // Dropped views unfile a few memberships at a time, and a
+                // dropped type's handles are given back a few at a time:
+                // entities go and come back (their handles given again),
+                // and views of the type are made again, meanwhile.
                 _ = h.engine.doDeferredWork(units: Int.random(in: 1...4, using: &rng))
             default:
                 _ = w.send(#"{"op":"get","query":\#(definitions[n % definitions.count])}"#)
