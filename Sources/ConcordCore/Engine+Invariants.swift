@@ -70,33 +70,43 @@ extension Engine {
                 let h = view.tree.id(ofNode: n)
                 guard h != Identities.none else { continue }
                 let slot = Int(view.tree.element(Int32(n)).values.slot)
-                let list = Int(h) < queries.memberOf.count ? queries.memberOf[Int(h)] : .empty
-                if slot < 0 || slot >= list.count || list[slot].view !== view || list[slot].node != Int32(n) {
+                let listed = Int(h) < queries.memberOf.handles ? queries.memberOf.count(of: h) : 0
+                if slot < 0 || slot >= listed || queries.memberOf[h, slot].view !== view || queries.memberOf[h, slot].node != Int32(n) {
                     note("query view \(key): \(ids.name(h)) is not listed to it at slot \(slot)")
                 }
             }
         }
-        if queries.memberOf.count != queries.identities.capacity { note("\(queries.memberOf.count) membership lists for \(queries.identities.capacity) handles") }
+        if queries.memberOf.handles != queries.identities.capacity { note("\(queries.memberOf.handles) membership lists for \(queries.identities.capacity) handles") }
         for p in queries.identities.violations().prefix(3) { note(p) }
-        for (h, list) in queries.memberOf.enumerated() {
-            if !list.isEmpty && queries.identities.names[h].isEmpty { note("free handle \(h) has memberships") }
-            for slot in 0..<list.count {
-                let m = list[slot]
+        // Memberships hold their views unowned: every one must be of a view
+        // the registry still holds (live, or retiring until it is unfiled).
+        var held = Set(queries.views.values.map(ObjectIdentifier.init))
+        for v in queries.retiring[queries.retiringHead...] { held.insert(ObjectIdentifier(v)) }
+        for hi in 0..<queries.memberOf.handles {
+            let h = UInt32(hi)
+            let count = queries.memberOf.count(of: h)
+            if count > 0 && queries.identities.names[hi].isEmpty { note("free handle \(h) has memberships") }
+            for slot in 0..<count {
+                let m = queries.memberOf[h, slot]
+                guard held.contains(ObjectIdentifier(m.view)) else {
+                    note("\(queries.identities.names[hi]) is listed to a query view the registry no longer holds")
+                    continue
+                }
                 let v = m.view
-                if m.node < 0 || Int(m.node) >= v.tree.nodeCapacity || v.tree.id(ofNode: Int(m.node)) != UInt32(h) {
-                    note("\(queries.identities.names[h]) is listed to query view \(v.key), which does not hold it there")
+                if m.node < 0 || Int(m.node) >= v.tree.nodeCapacity || v.tree.id(ofNode: Int(m.node)) != h {
+                    note("\(queries.identities.names[hi]) is listed to query view \(v.key), which does not hold it there")
                     continue
                 }
                 let kept = v.tree.element(m.node).values.slot
-                if kept != Int32(slot) { note("\(queries.identities.names[h]): query view \(v.key) is at slot \(slot) of its list but thinks \(kept)") }
-                if !v.retired && queries.views[v.key] !== v { note("\(queries.identities.names[h]) is listed to query view \(v.key), which is neither live nor dropped") }
+                if kept != Int32(slot) { note("\(queries.identities.names[hi]): query view \(v.key) is at slot \(slot) of its list but thinks \(kept)") }
+                if !v.retired && queries.views[v.key] !== v { note("\(queries.identities.names[hi]) is listed to query view \(v.key), which is neither live nor dropped") }
             }
         }
         let listed = queries.types.values.reduce(0) { $0 + $1.entities.count }
         let releasing = queries.releasing.count - queries.releasingHead
         if listed + releasing != queries.identities.count { note("types list \(listed) entities and \(releasing) are being given back, \(queries.identities.count) have handles") }
-        let held = queries.views.values.reduce(0) { $0 + $1.held }
-        if held != queries.heldMembers { note("query views hold \(held) entities but \(queries.heldMembers) are counted") }
+        let slots = queries.views.values.reduce(0) { $0 + $1.held }
+        if slots != queries.heldMembers { note("query views hold \(slots) entities but \(queries.heldMembers) are counted") }
         let rangeEntries = queries.types.values.reduce(0) { $0 + $1.entitiesByRange.values.reduce(0) { $0 + $1.count } }
         if rangeEntries != queries.rangeIndexEntries { note("entity range indexes hold \(rangeEntries) entries but \(queries.rangeIndexEntries) are counted") }
         for (type, tq) in queries.types {

@@ -44,53 +44,119 @@ final class TypeQueries {
 }
 
 /// One entity's membership of a query view: the view, and the node of its
-/// tree that holds the entity.
+/// tree that holds the entity. (Unowned: a view stays in the registry, live
+/// or retiring, until every membership of it is unfiled.)
 struct Membership {
-    let view: QueryView
+    unowned(unsafe) let view: QueryView
     var node: Int32
 }
 
-/// The query views one entity is a member of (24 bytes). Most entities are
-/// in one: it is kept inline, and an array is only allocated for a second.
-/// Each view's node knows its place here (``QueryView/Placed/slot``), so
+/// Entity handle → the query views it is a member of, each with its node.
+/// One 16-byte entry per handle holds the first membership (most entities
+/// are in one view); the others are in an overflow list the entry points
+/// to. Each view's node knows its slot (``QueryView/Placed/slot``), so
 /// leaving is O(1).
-struct ViewList {
-    private(set) var first: Membership?
-    private var rest: [Membership] = []
+struct Memberships {
+    private struct Entry {
+        unowned(unsafe) var view: QueryView?
+        var node: Int32 = -1
+        /// Index in `overflow` of the second and later memberships, or -1.
+        var more: Int32 = -1
+    }
+    private var column: [Entry] = []
+    private var overflow: [[Membership]] = []
+    private var freeOverflow: [Int32] = []
 
-    static var empty: ViewList { ViewList() }
+    /// Handles it has an entry for.
+    var handles: Int { column.count }
+    var isEmpty: Bool { column.isEmpty }
 
-    var count: Int { first == nil ? 0 : 1 + rest.count }
-    var isEmpty: Bool { first == nil }
-
-    subscript(slot: Int) -> Membership { slot == 0 ? first! : rest[slot - 1] }
-
-    /// Appends a membership; returns its slot.
-    mutating func append(_ m: Membership) -> Int32 {
-        if first == nil {
-            first = m
-            return 0
-        }
-        rest.append(m)
-        return Int32(rest.count)
+    /// Entries for handles `0 ..< n` (room for `reserve`, so that it grows as the handles' columns do).
+    mutating func grow(to n: Int, reserve: Int) {
+        guard column.count < n else { return }
+        if column.capacity < n { column.reserveCapacity(Swift.max(n, reserve)) }
+        while column.count < n { column.append(Entry()) }
     }
 
-    func forEach(_ body: (Membership) -> Void) {
-        guard let first else { return }
-        body(first)
-        for m in rest { body(m) }
+    func count(of h: UInt32) -> Int {
+        let e = column[Int(h)]
+        guard e.view != nil else { return 0 }
+        return e.more < 0 ? 1 : 1 + overflow[Int(e.more)].count
+    }
+
+    subscript(h: UInt32, slot: Int) -> Membership {
+        let e = column[Int(h)]
+        return slot == 0 ? Membership(view: e.view!, node: e.node) : overflow[Int(e.more)][slot - 1]
+    }
+
+    func forEach(_ h: UInt32, _ body: (Membership) -> Void) {
+        let e = column[Int(h)]
+        guard let view = e.view else { return }
+        body(Membership(view: view, node: e.node))
+        if e.more >= 0 { for m in overflow[Int(e.more)] { body(m) } }
+    }
+
+    /// Appends a membership; returns its slot.
+    mutating func append(_ h: UInt32, _ m: Membership) -> Int32 {
+        let i = Int(h)
+        if column[i].view == nil {
+            column[i].view = m.view
+            column[i].node = m.node
+            return 0
+        }
+        if column[i].more < 0 {
+            if let f = freeOverflow.popLast() {
+                column[i].more = f
+            } else {
+                column[i].more = Int32(overflow.count)
+                overflow.append([])
+            }
+        }
+        overflow[Int(column[i].more)].append(m)
+        return Int32(overflow[Int(column[i].more)].count)
     }
 
     /// Removes the membership at `slot` by moving the last one into its
     /// place; returns the one moved (now at `slot`), if any.
-    mutating func remove(at slot: Int) -> Membership? {
-        guard let last = rest.popLast() else {
-            first = nil
+    mutating func remove(_ h: UInt32, at slot: Int) -> Membership? {
+        let i = Int(h)
+        let more = Int(column[i].more)
+        guard more >= 0 else {
+            // Its only membership (slot 0).
+            column[i] = Entry()
             return nil
         }
-        if slot == rest.count + 1 { return nil }
-        if slot == 0 { first = last } else { rest[slot - 1] = last }
+        let last = overflow[more].removeLast()
+        let lastSlot = overflow[more].count + 1
+        if overflow[more].isEmpty { releaseOverflow(i) }
+        if slot == lastSlot { return nil }
+        if slot == 0 {
+            column[i].view = last.view
+            column[i].node = last.node
+        } else {
+            overflow[more][slot - 1] = last
+        }
         return last
+    }
+
+    /// No memberships for `h`.
+    mutating func clear(_ h: UInt32) {
+        let i = Int(h)
+        if column[i].more >= 0 { releaseOverflow(i) }
+        column[i] = Entry()
+    }
+
+    private mutating func releaseOverflow(_ i: Int) {
+        let more = column[i].more
+        overflow[Int(more)] = []
+        freeOverflow.append(more)
+        column[i].more = -1
+    }
+
+    mutating func removeAll() {
+        column = []
+        overflow = []
+        freeOverflow = []
     }
 }
 
@@ -103,9 +169,8 @@ final class QueryRegistry {
     var types: [String: TypeQueries] = [:]
     /// The handles of the entities the query structures hold.
     let identities = Identities()
-    /// Handle → the views the entity is a member of (a column: one entry
-    /// per handle, live or free).
-    var memberOf: [ViewList] = []
+    /// Handle → the views the entity is a member of (an entry per handle, live or free).
+    var memberOf = Memberships()
     /// Which changed entity ``Engine/updateQueries(_:)`` is visiting (``QueryView/visitStamp``).
     var stamp: UInt64 = 0
     /// Handles of types whose last view went, given back in slices between
@@ -234,11 +299,8 @@ extension Engine {
     /// Lists an entity of a queried type that is not listed: its new handle.
     private func listEntity(_ id: String, _ tq: TypeQueries) -> UInt32 {
         let h = queries.identities.insert(id)
-        if queries.memberOf.count < queries.identities.capacity {
-            // Grown by half, as the identities' columns are.
-            if queries.memberOf.capacity < queries.identities.capacity { queries.memberOf.reserveCapacity(queries.identities.names.capacity) }
-            while queries.memberOf.count < queries.identities.capacity { queries.memberOf.append(.empty) }
-        }
+        // Grown by half, as the identities' columns are.
+        queries.memberOf.grow(to: queries.identities.capacity, reserve: queries.identities.names.capacity)
         queries.identities.typeSlot[Int(h)] = Int32(tq.entities.count)
         if tq.entities.count == tq.entities.capacity { tq.entities.reserveCapacity(max(16, tq.entities.count + tq.entities.count / 2)) }
         tq.entities.append(h)
@@ -255,9 +317,9 @@ extension Engine {
             tq.entities[slot] = last
             ids.typeSlot[Int(last)] = Int32(slot)
         }
-        queries.memberOf[Int(h)] = .empty
+        queries.memberOf.clear(h)
         ids.remove(h)
-        if ids.count == 0 { queries.memberOf = [] }
+        if ids.count == 0 { queries.memberOf.removeAll() }
     }
 
     /// Gives up the handles of a type whose last view went: at once when
@@ -266,7 +328,7 @@ extension Engine {
         let ids = queries.identities
         if tq.entities.count == ids.count {
             ids.removeAll()
-            queries.memberOf = []
+            queries.memberOf.removeAll()
         } else {
             queries.releasing.append(contentsOf: tq.entities)
         }
@@ -280,11 +342,11 @@ extension Engine {
         while used < units, queries.releasingHead < queries.releasing.count {
             let h = queries.releasing[queries.releasingHead]
             queries.releasingHead += 1
-            queries.memberOf[Int(h)] = .empty
+            queries.memberOf.clear(h)
             ids.remove(h)
             used += 1
         }
-        if ids.count == 0 { queries.memberOf = [] }
+        if ids.count == 0 { queries.memberOf.removeAll() }
         if queries.releasingHead == queries.releasing.count {
             queries.releasing = []
             queries.releasingHead = 0
@@ -295,7 +357,7 @@ extension Engine {
     /// Files entity `h` in a view being built, when its value matches.
     private func addMember(_ h: UInt32, _ id: String, _ view: QueryView) {
         guard let v = store.entity(id), let node = view.add(h, v) else { return }
-        view.setSlot(node, queries.memberOf[Int(h)].append(Membership(view: view, node: node)))
+        view.setSlot(node, queries.memberOf.append(h, Membership(view: view, node: node)))
     }
 
     /// The type's entities ordered by `path`, built on first use (one pass
@@ -331,10 +393,9 @@ extension Engine {
     /// or the entity went and its handle was given again: lists are only
     /// ever built with live views).
     private func unfileMember(_ h: UInt32, _ view: QueryView, slot: Int32) {
-        let i = Int(h)
-        guard slot >= 0, i < queries.memberOf.count, Int(slot) < queries.memberOf[i].count,
-              queries.memberOf[i][Int(slot)].view === view else { return }
-        if let moved = queries.memberOf[i].remove(at: Int(slot)) { moved.view.setSlot(moved.node, slot) }
+        guard slot >= 0, Int(h) < queries.memberOf.handles, Int(slot) < queries.memberOf.count(of: h),
+              queries.memberOf[h, Int(slot)].view === view else { return }
+        if let moved = queries.memberOf.remove(h, at: Int(slot)) { moved.view.setSlot(moved.node, slot) }
     }
 
     /// A window lost its last subscriber: it goes, and its view with it when
@@ -533,7 +594,7 @@ extension Engine {
             queries.stamp &+= 1
             let stamp = queries.stamp
             candidates.removeAll(keepingCapacity: true)
-            queries.memberOf[Int(h)].forEach { m in
+            queries.memberOf.forEach(h) { m in
                 guard !m.view.retired else { return }
                 m.view.visitStamp = stamp
                 candidates.append(m)
@@ -557,15 +618,14 @@ extension Engine {
             }
             for view in tq.unindexed { consider(view) }
             // Every view it was in is a candidate: its list is rebuilt from the results.
-            var list = ViewList.empty
+            queries.memberOf.clear(h)
             for c in candidates {
                 let view = c.view
                 let listed = view.touched
                 let node = view.apply(h, node: c.node, value: value, current: current)
-                if node >= 0 { view.setSlot(node, list.append(Membership(view: view, node: node))) }
+                if node >= 0 { view.setSlot(node, queries.memberOf.append(h, Membership(view: view, node: node))) }
                 if !listed && view.touched { touched.append(view) }
             }
-            queries.memberOf[Int(h)] = list
             if value == nil { unlistEntity(h, tq) }
         }
         var out: [(QueryWindow, [CollectionStep])] = []
@@ -658,7 +718,7 @@ extension Engine {
         queries.views = [:]
         queries.windows = [:]
         queries.types = [:]
-        queries.memberOf = []
+        queries.memberOf.removeAll()
         queries.identities.removeAll()
         queries.heldMembers = 0
         queries.rangeIndexEntries = 0
