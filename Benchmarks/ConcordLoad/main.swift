@@ -28,6 +28,8 @@ struct LoadOptions: ParsableCommand {
               codec        parse/encode MB/s of ConcordJSON [-n 200000]
               core         the engine alone on one thread, no sockets: µs per
                            update [-n 200000 --subs 1 --kind key|model|none|rename|posts|range|pages|views]
+                           (views: jemalloc bytes per query view and member; with
+                           VIEWS_EMPTY=1 the views match nothing: a view's own cost)
               pipeline     pipelined updates/s on one connection [-n 200000]
               fanout       delivered events/s, S subscribers on one view
                            [-s 100 -n 20000 --kind key|model|ids]
