@@ -81,7 +81,8 @@ extension Engine {
         // Memberships hold their views unowned: every one must be of a view
         // the registry still holds (live, or retiring until it is unfiled).
         var held = Set(queries.views.values.map(ObjectIdentifier.init))
-        for v in queries.retiring[queries.retiringHead...] { held.insert(ObjectIdentifier(v)) }
+        for v in queries.retiring[queries.retiringHead...] { if let v { held.insert(ObjectIdentifier(v)) } }
+        for v in queries.retiring[..<queries.retiringHead] where v != nil { note("query view \(v!.key) is unfiled but still held") }
         for hi in 0..<queries.memberOf.handles {
             let h = UInt32(hi)
             let count = queries.memberOf.count(of: h)
