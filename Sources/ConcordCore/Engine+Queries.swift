@@ -139,6 +139,21 @@ struct Memberships {
         return last
     }
 
+    /// No memberships for `h`, its overflow list kept (emptied) for
+    /// appends that follow; ``trim(_:)`` lets it go if they did not need it.
+    mutating func empty(_ h: UInt32) {
+        let i = Int(h)
+        column[i].view = nil
+        column[i].node = -1
+        if column[i].more >= 0 { overflow[Int(column[i].more)].removeAll(keepingCapacity: true) }
+    }
+
+    /// Lets `h`'s overflow list go when it holds nothing.
+    mutating func trim(_ h: UInt32) {
+        let i = Int(h)
+        if column[i].more >= 0 && overflow[Int(column[i].more)].isEmpty { releaseOverflow(i) }
+    }
+
     /// No memberships for `h`.
     mutating func clear(_ h: UInt32) {
         let i = Int(h)
@@ -304,7 +319,7 @@ extension Engine {
         // Grown by half, as the identities' columns are.
         queries.memberOf.grow(to: queries.identities.capacity, reserve: queries.identities.names.capacity)
         queries.identities.typeSlot[Int(h)] = Int32(tq.entities.count)
-        if tq.entities.count == tq.entities.capacity { tq.entities.reserveCapacity(max(16, tq.entities.count + tq.entities.count / 2)) }
+        if tq.entities.count == tq.entities.capacity { tq.entities.reserveCapacity(Identities.grownByHalf(tq.entities.count)) }
         tq.entities.append(h)
         return h
     }
@@ -319,9 +334,15 @@ extension Engine {
             tq.entities[slot] = last
             ids.typeSlot[Int(last)] = Int32(slot)
         }
+        freeHandle(h)
+    }
+
+    /// Gives a handle back with its memberships; when none is left, the
+    /// membership column goes with the identities' columns.
+    private func freeHandle(_ h: UInt32) {
         queries.memberOf.clear(h)
-        ids.remove(h)
-        if ids.count == 0 { queries.memberOf.removeAll() }
+        queries.identities.remove(h)
+        if queries.identities.count == 0 { queries.memberOf.removeAll() }
     }
 
     /// Gives up the handles of a type whose last view went: at once when
@@ -339,16 +360,13 @@ extension Engine {
 
     /// Gives back at most `units` handles of dropped types; returns the units used.
     func releaseHandles(units: Int) -> Int {
-        let ids = queries.identities
         var used = 0
         while used < units, queries.releasingHead < queries.releasing.count {
             let h = queries.releasing[queries.releasingHead]
             queries.releasingHead += 1
-            queries.memberOf.clear(h)
-            ids.remove(h)
+            freeHandle(h)
             used += 1
         }
-        if ids.count == 0 { queries.memberOf.removeAll() }
         if queries.releasingHead == queries.releasing.count {
             queries.releasing = []
             queries.releasingHead = 0
@@ -627,8 +645,9 @@ extension Engine {
                 }
             }
             for view in tq.unindexed { consider(view) }
-            // Every view it was in is a candidate: its list is rebuilt from the results.
-            queries.memberOf.clear(h)
+            // Every view it was in is a candidate: its list is rebuilt from
+            // the results (its overflow list kept for the rebuild).
+            queries.memberOf.empty(h)
             for c in candidates {
                 let view = c.view
                 let listed = view.touched
@@ -636,6 +655,7 @@ extension Engine {
                 if node >= 0 { view.setSlot(node, queries.memberOf.append(h, Membership(view: view, node: node))) }
                 if !listed && view.touched { touched.append(view) }
             }
+            queries.memberOf.trim(h)
             if value == nil { unlistEntity(h, tq) }
         }
         var out: [(QueryWindow, [CollectionStep])] = []

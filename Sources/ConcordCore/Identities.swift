@@ -69,7 +69,7 @@ final class Identities {
         } else {
             handle = UInt32(names.count)
             if names.count == names.capacity {
-                let grown = Swift.max(16, names.count + names.count / 2)
+                let grown = Self.grownByHalf(names.count)
                 names.reserveCapacity(grown)
                 typeSlot.reserveCapacity(grown)
             }
@@ -126,6 +126,10 @@ final class Identities {
             table[i] = UInt32(handle) + 1
         }
     }
+
+    /// The capacity a full column of `count` grows to: by half, not
+    /// doubled (columns as long as a type's entities waste less).
+    static func grownByHalf(_ count: Int) -> Int { Swift.max(16, count + count / 2) }
 
     /// What is wrong with the table (for tests and the internal checks).
     func violations() -> [String] {
