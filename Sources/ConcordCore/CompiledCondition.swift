@@ -7,7 +7,7 @@ import ConcordProtocol
 /// `eq` and `in` conditions of one path under `any` merge into one such set
 /// (the order of `any` does not matter). Arrays and objects, which have no
 /// index key, are compared one by one (`others`).
-indirect enum CompiledCondition {
+indirect enum CompiledCondition: Sendable {
     case compare(QueryPath, QueryCondition.Comparison, JSON)
     case oneOf(QueryPath, keys: Set<String>, others: [JSON])
     case exists(QueryPath, Bool)

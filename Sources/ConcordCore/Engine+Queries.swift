@@ -217,12 +217,12 @@ extension Engine {
     /// The window for a definition: shared when it exists, else made over
     /// the view of its definition without a window (shared by every page of
     /// one list), which is built when there is none.
-    func queryWindow(_ spec: QuerySpec) throws(ProtocolError) -> QueryWindow {
-        let key = spec.canonicalKey
+    func queryWindow(_ p: PreparedQuery) throws(ProtocolError) -> QueryWindow {
+        let key = p.key
         if let w = queries.windows[key] { return w }
         try checkRoomForADefinition()
-        let view = try queryView(QueryView.unwindowed(spec))
-        let w = QueryWindow(key: key, spec: spec, view: view)
+        let view = try queryView(p)
+        let w = QueryWindow(key: key, spec: p.spec, view: view)
         // What the window shows follows from the view: unchanged since the view last was.
         w.changedAt = view.changedAt
         view.attach(w)
@@ -238,10 +238,12 @@ extension Engine {
 
     /// The view for a definition without its window: shared when it exists,
     /// else built from the entities of its type in memory.
-    private func queryView(_ spec: QuerySpec) throws(ProtocolError) -> QueryView {
-        let key = spec.canonicalKey
+    private func queryView(_ p: PreparedQuery) throws(ProtocolError) -> QueryView {
+        let key = p.unwindowedKey
         if let v = queries.views[key] { return v }
-        let view = QueryView(key: key, spec: spec, identities: queries.identities, visitAllUpTo: configuration.internalChecks ? 0 : 8)
+        let spec = QueryView.unwindowed(p.spec)
+        let view = QueryView(key: key, spec: spec, condition: p.condition, large: p.isLarge,
+                             identities: queries.identities, visitAllUpTo: configuration.internalChecks ? 0 : 8)
         let names = queries.identities
         view.builtAt = seq
         let tq = typeQueries(spec.type)
@@ -442,6 +444,15 @@ extension Engine {
         queries.retiring.append(view)
     }
 
+    /// An unfiled view is freed with its slice; a large definition's list
+    /// and sets (a 100,000-value `in`) are kept to be freed elsewhere
+    /// (``Engine/garbage``): their last references go with these copies.
+    private func letGo(_ view: QueryView) {
+        guard collectsGarbage, view.large else { return }
+        garbage.append(view.spec)
+        if let c = view.condition { garbage.append(c) }
+    }
+
     /// Unfiles retired views: at most `units` memberships and index entries.
     /// Returns the units used.
     func unfileRetiredViews(units: Int) -> Int {
@@ -463,6 +474,7 @@ extension Engine {
             view.tree.removeAll()
             view.unfileCursor = 0
             guard let tq = queries.types[view.spec.type] else {
+                letGo(view)
                 queries.retiring[queries.retiringHead] = nil
                 queries.retiringHead += 1
                 used += 8
@@ -516,6 +528,7 @@ extension Engine {
                 persistence?.loadedTypes.remove(view.spec.type)
             }
             // Unfiled: let go (freed now, with this slice).
+            letGo(view)
             queries.retiring[queries.retiringHead] = nil
             queries.retiringHead += 1
             used += 8
@@ -557,14 +570,13 @@ extension Engine {
     /// `get` with a query: answered from a shared view when one exists (any
     /// page of the same list), else from a view built for this read and
     /// dropped at once.
-    func readQuery(_ spec: QuerySpec) throws(ProtocolError) -> (items: [JSON], count: Int) {
-        if let w = queries.windows[spec.canonicalKey] { return (queryItems(w), w.count) }
-        let unwindowed = QueryView.unwindowed(spec)
-        let existing = queries.views[unwindowed.canonicalKey]
+    func readQuery(_ p: PreparedQuery) throws(ProtocolError) -> (items: [JSON], count: Int) {
+        if let w = queries.windows[p.key] { return (queryItems(w), w.count) }
+        let existing = queries.views[p.unwindowedKey]
         if existing == nil { try checkRoomForADefinition() }
         let view: QueryView
-        if let existing { view = existing } else { view = try queryView(unwindowed) }
-        let w = QueryWindow(key: spec.canonicalKey, spec: spec, view: view)
+        if let existing { view = existing } else { view = try queryView(p) }
+        let w = QueryWindow(key: p.key, spec: p.spec, view: view)
         let result = (queryItems(w), w.count)
         if existing == nil { dropQueryView(view) }
         return result

@@ -91,7 +91,7 @@ extension Engine {
             }
             respond(c, rid: rid, seq: seq)
         case .query(let spec):
-            let view = try queryWindow(spec)
+            let view = try queryWindow(preparedQuery(spec))
             let s = SubscriptionRecord(client: c, name: name, kind: .query(view))
             view.add(s)
             add(s, to: c)

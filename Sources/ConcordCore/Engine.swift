@@ -110,6 +110,13 @@ public final class Engine {
     /// The request being processed: its `model`'s bytes and the members
     /// they were parsed into, while its events are written (`writeStored`).
     var verbatimModel: (VerbatimModel, members: [JSONObject.Member])?
+    /// The request being processed, when it came decoded (``ParsedLine``).
+    var prepared: PreparedRequest?
+    /// With `collectsGarbage` (the server sets it): what is large to free —
+    /// a dropped view's 100,000-value definition and sets — kept for the
+    /// caller to free on another thread (``takeGarbage()``) instead of in a turn.
+    public var collectsGarbage = false
+    var garbage: [any Sendable] = []
     /// How many values were written from request bytes instead of encoded (tests read it).
     let splicedValues = Atomic<Int>(0)
     public weak var statsSource: (any EngineStatsSource)?
@@ -319,14 +326,25 @@ public final class Engine {
     public enum ParsedLine: Sendable {
         /// `model`: where the request's `model` lies in its line, when those
         /// bytes are exactly its encoding (``VerbatimModel``).
-        case value(JSON, model: VerbatimModel? = nil)
+        /// `prepared`: the request decoded with the parse (a long line, off
+        /// the sequencer), its query prepared; nil when the engine decodes it.
+        case value(JSON, model: VerbatimModel? = nil, prepared: PreparedRequest? = nil)
         case failure(ProtocolError)
     }
 
-    public static func parse(_ line: [UInt8], parser: JSONParser) -> ParsedLine {
+    /// Parses a request line. With `decodeWith` (the engine's `idKey`; the
+    /// parse thread of long lines), a line that decodes as a request comes
+    /// with it decoded and its query prepared, so that the sequencer neither
+    /// decodes it nor encodes or hashes its query; one that does not is left
+    /// for the engine to decode, which answers its error.
+    public static func parse(_ line: [UInt8], parser: JSONParser, decodeWith idKey: String? = nil) -> ParsedLine {
         do {
             let (value, range) = try parser.parse(line, verbatimMember: "model")
-            return .value(value, model: range.map { VerbatimModel(line: line, range: $0) })
+            let model = range.map { VerbatimModel(line: line, range: $0) }
+            if let idKey, let request = try? Request.decode(value, idKey: idKey) {
+                return .value(value, model: model, prepared: PreparedRequest(request))
+            }
+            return .value(value, model: model)
         } catch {
             switch error.kind {
             case .tooDeep: return .failure(ProtocolError(.tooDeep, "\(error.reason) at byte \(error.offset)"))
@@ -336,6 +354,20 @@ public final class Engine {
     }
 
     public var lineParser: JSONParser { parser }
+
+    /// What was kept to be freed elsewhere (`collectsGarbage`); empty after.
+    public func takeGarbage() -> [any Sendable] {
+        guard !garbage.isEmpty else { return [] }
+        defer { garbage = [] }
+        return garbage
+    }
+
+    /// The query of the request being processed, prepared: as it came with
+    /// the request (a long line), or prepared now.
+    func preparedQuery(_ spec: QuerySpec) -> PreparedQuery {
+        if let p = prepared?.query, p.spec.type == spec.type, p.spec.offset == spec.offset, p.spec.limit == spec.limit { return p }
+        return PreparedQuery(spec)
+    }
 
     public func handle(_ parsed: ParsedLine, from id: ConnectionID) {
         guard let c = clients[id] else { return }
@@ -361,19 +393,27 @@ public final class Engine {
         case .failure(let e):
             respondError(c, rid: .null, e)
             return
-        case .value(let v, let model):
+        case .value(let v, let model, let p):
             value = v
+            prepared = p
             if let model, case .object(let r) = v, case .object(let m)? = r["model"] { verbatimModel = (model, m.members) }
         }
-        defer { verbatimModel = nil }
+        defer {
+            verbatimModel = nil
+            prepared = nil
+        }
         let request: Request
-        do {
-            request = try Request.decode(value, idKey: configuration.idKey)
-        } catch {
-            var rid = JSON.null
-            if case .object(let o) = value, let r = Request.rid(of: o) { rid = r }
-            respondError(c, rid: rid, error)
-            return
+        if let p = prepared {
+            request = p.request
+        } else {
+            do {
+                request = try Request.decode(value, idKey: configuration.idKey)
+            } catch {
+                var rid = JSON.null
+                if case .object(let o) = value, let r = Request.rid(of: o) { rid = r }
+                respondError(c, rid: rid, error)
+                return
+            }
         }
         if isShuttingDown {
             respondError(c, rid: request.rid, ProtocolError(.shuttingDown, "the server is shutting down"))
@@ -463,7 +503,7 @@ public final class Engine {
                 let items = store.collectionItems(name)
                 respond(c, rid: r.rid) { w in w.key("items"); w.value(.array(items)); w.key("seq"); w.int(seq) }
             case .query(let spec):
-                let (items, count) = try readQuery(spec)
+                let (items, count) = try readQuery(preparedQuery(spec))
                 respond(c, rid: r.rid) { w in
                     w.key("items"); w.value(.array(items))
                     w.key("count"); w.int(count)

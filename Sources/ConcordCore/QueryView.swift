@@ -29,6 +29,8 @@ final class QueryView {
     let identities: Identities
     /// The condition, prepared (hash sets for `in` lists).
     let condition: CompiledCondition?
+    /// Its definition holds many values (``PreparedQuery/isLarge``).
+    let large: Bool
     /// The windows over it (at least one while it is live), in no order;
     /// each knows its slot, so one leaves in O(1) (a connection closing with
     /// thousands of pages of one list must not cost their square).
@@ -81,12 +83,13 @@ final class QueryView {
     var visitStamp: UInt64 = 0
 
     /// `spec` without its window (offset 0, no limit).
-    init(key: String, spec: QuerySpec, identities: Identities, visitAllUpTo: Int = 8) {
+    init(key: String, spec: QuerySpec, condition: CompiledCondition?, large: Bool = false, identities: Identities, visitAllUpTo: Int = 8) {
         self.key = key
         self.spec = spec
         self.identities = identities
         self.visitAllUpTo = visitAllUpTo
-        condition = spec.condition.map(CompiledCondition.init)
+        self.condition = condition
+        self.large = large
         let order = spec.order
         tree = OrderTree(vacant: Placed(sort: SortKey(), slot: -1)) { [unowned identities] a, b in
             for i in order.indices {

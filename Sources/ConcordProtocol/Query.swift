@@ -28,6 +28,27 @@ public struct QuerySpec: Sendable {
     /// view in the server. Paths are written as arrays, numbers canonically.
     public var canonicalKey: String { wireJSON.compactString }
 
+    /// ``canonicalKey`` of this definition and of the same without its
+    /// window (offset 0, no limit), from one encoding of the rest: a query
+    /// of a 100,000-value `in` list is written once, not once per key.
+    public var canonicalKeys: (windowed: String, unwindowed: String) {
+        var o = wireJSON
+        if case .object(var m) = o {
+            m["offset"] = nil
+            m["limit"] = nil
+            o = .object(m)
+        }
+        // The encoding without the window, its closing brace taken off.
+        var head = o.compactString
+        head.removeLast()
+        var windowed = head
+        windowed += ",\"offset\":\(offset)"
+        if let limit { windowed += ",\"limit\":\(limit)" }
+        windowed += "}"
+        head += ",\"offset\":0}"
+        return (windowed, head)
+    }
+
     /// The `query` object of the wire protocol, in its canonical form (what
     /// ``decode(_:)`` reads back as an equal definition; the SDK sends it).
     public var wireJSON: JSON {

@@ -13,14 +13,18 @@ final class BigLineParser: @unchecked Sendable {
 
     private let condition = Condition()
     private var queue: [(id: ConnectionID, line: [UInt8])] = []
-    private var garbage: [Engine.ParsedLine] = []
+    private var garbage: [any Sendable] = []
     private var stopped = false
     private var started = false
     private let parser: JSONParser
+    private let idKey: String
     private let done: @Sendable (ConnectionID, Engine.ParsedLine) -> Void
 
-    init(parser: JSONParser, done: @escaping @Sendable (ConnectionID, Engine.ParsedLine) -> Void) {
+    /// `idKey`: the engine's, to decode each line into its request here
+    /// (and prepare its query), not on the sequencer.
+    init(parser: JSONParser, idKey: String, done: @escaping @Sendable (ConnectionID, Engine.ParsedLine) -> Void) {
         self.parser = parser
+        self.idKey = idKey
         self.done = done
     }
 
@@ -28,20 +32,27 @@ final class BigLineParser: @unchecked Sendable {
     func submit(_ id: ConnectionID, _ line: [UInt8]) {
         condition.lock()
         queue.append((id, line))
-        if !started {
-            started = true
-            startThread(name: "concord-parse") { [self] in self.run() }
-        }
+        startIfNeeded()
         condition.unlock()
         condition.signal()
     }
 
-    /// Takes the sequencer's reference to a long line's parse once it was
-    /// handled: freeing a tree of a million values takes tens of
-    /// milliseconds, which happens here instead of in a turn.
-    func discard(_ parsed: Engine.ParsedLine) {
+    /// Called with `condition` locked.
+    private func startIfNeeded() {
+        guard !started else { return }
+        started = true
+        startThread(name: "concord-parse") { [self] in self.run() }
+    }
+
+    /// Takes the sequencer's references to a long line's parse once it was
+    /// handled, and to what the engine kept to free (``Engine/takeGarbage()``):
+    /// freeing a tree of a million values takes tens of milliseconds, which
+    /// happens here instead of in a turn.
+    func discard(_ items: [any Sendable]) {
+        guard !items.isEmpty else { return }
         condition.lock()
-        garbage.append(parsed)
+        garbage.append(contentsOf: items)
+        startIfNeeded()
         condition.unlock()
         condition.signal()
     }
@@ -61,12 +72,12 @@ final class BigLineParser: @unchecked Sendable {
                 condition.unlock()
                 return
             }
-            var drop: [Engine.ParsedLine] = []
+            var drop: [any Sendable] = []
             swap(&drop, &garbage)
             let next = queue.isEmpty ? nil : queue.removeFirst()
             condition.unlock()
             drop = []
-            if let (id, line) = next { done(id, Engine.parse(line, parser: parser)) }
+            if let (id, line) = next { done(id, Engine.parse(line, parser: parser, decodeWith: idKey)) }
         }
     }
 }

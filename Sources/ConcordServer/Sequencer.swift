@@ -181,7 +181,8 @@ final class Sequencer: @unchecked Sendable {
         shutdownTimeout = configuration.shutdownTimeout
         self.logger = logger
         self.deliver = deliver
-        bigLines = BigLineParser(parser: engine.lineParser) { [unowned self] id, parsed in self.submit(.parsed(id, parsed)) }
+        engine.collectsGarbage = true
+        bigLines = BigLineParser(parser: engine.lineParser, idKey: engine.configuration.idKey) { [unowned self] id, parsed in self.submit(.parsed(id, parsed)) }
     }
 
     func submit(_ input: Input) {
@@ -287,6 +288,8 @@ final class Sequencer: @unchecked Sendable {
                 let until = max(started + turnBudget, monotonicSeconds() + turnBudget / 4)
                 while engine.doDeferredWork(units: 2048) && monotonicSeconds() < until {}
             }
+            // Large definitions of dropped views are freed on the parse thread.
+            bigLines.discard(engine.takeGarbage())
             checkSyncTimeout()
             engine.expireSeqWaits()
             engine.expireClusterWaits()
@@ -626,7 +629,7 @@ final class Sequencer: @unchecked Sendable {
         // Long lines' trees are freed on the parser's thread, not in this turn.
         if !preparsed.isEmpty {
             for (i, _) in preparsed {
-                if let p = parsed[i] { bigLines.discard(p) }
+                if let p = parsed[i] { bigLines.discard([p]) }
                 parsed[i] = nil
             }
             preparsed = []

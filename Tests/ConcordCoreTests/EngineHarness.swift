@@ -35,6 +35,10 @@ final class EngineHarness {
     /// with views half unfiled while updates go on.
     var deferredUnitsPerRequest = 3
 
+    /// Lines parsed and decoded as the server's long-line thread does
+    /// (``Engine/parse(_:parser:decodeWith:)``), not by the engine.
+    var decodesOffTheSequencer = false
+
     fileprivate func pump() {
         if engine.hasDeferredWork { engine.doDeferredWork(units: deferredUnitsPerRequest) }
         for (id, segments) in engine.takeOutput() {
@@ -92,7 +96,12 @@ final class TestConn {
     /// Sends one line and returns its response.
     @discardableResult
     func send(_ line: String) -> JSON {
-        harness.engine.handleLine(Array(line.utf8), from: id)
+        if harness.decodesOffTheSequencer {
+            let e = harness.engine
+            e.handle(Engine.parse(Array(line.utf8), parser: e.lineParser, decodeWith: e.configuration.idKey), from: id)
+        } else {
+            harness.engine.handleLine(Array(line.utf8), from: id)
+        }
         harness.pump()
         if slow { readAll() }
         return responses.removeLast()

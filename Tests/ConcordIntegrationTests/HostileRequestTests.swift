@@ -92,6 +92,9 @@ struct HostileRequestTests {
         let big = try c.request(#"{"op":"get","query":{"type":"Post","where":{"path":"date","in":[\#(million)]}}}"#)
         #expect(big["error"]?["code"] == "bad_request")
         #expect(big["error"]?["message"]?.stringValue?.contains("100000") == true)
+        // The long list's view, dropped: its definition is freed on the parse thread.
+        #expect(try c.request(#"{"op":"unsubscribe","sub":"q"}"#)["ok"] == true)
+        #expect(try c.request(#"{"op":"get","query":{"type":"Post","where":{"path":"date","in":[\#(values)]},"limit":1}}"#)["count"] == 1001)
         let (worst, failures) = by.take()
         #expect(failures == 0)
         #expect(worst < Self.bystanderBound, "the bystander waited \(worst) s")

@@ -195,7 +195,12 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         p.sentRids.append(rid)
         let line = "{\"rid\":\(rid)," + body.dropFirst()
         if trace { print("send \(p.id): \(line)") }
-        engine.handleLine(Array(line.utf8), from: p.id)
+        // Every other line comes decoded, as a long line does from the parse thread.
+        if rid % 2 == 0 {
+            engine.handle(Engine.parse(Array(line.utf8), parser: engine.lineParser, decodeWith: config.idKey), from: p.id)
+        } else {
+            engine.handleLine(Array(line.utf8), from: p.id)
+        }
         deliver(engine, peers)
     }
     var steps = 0
