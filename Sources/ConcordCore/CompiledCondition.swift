@@ -8,7 +8,10 @@ import ConcordProtocol
 /// (the order of `any` does not matter). Arrays and objects, which have no
 /// index key, are compared one by one (`others`).
 indirect enum CompiledCondition: Sendable {
-    case compare(QueryPath, QueryCondition.Comparison, JSON)
+    /// The last value: the argument as an integer when it is one of at
+    /// most 15 digits, so that an ordering of two such integers (a date, a
+    /// count) is one integer comparison instead of reading two lexemes.
+    case compare(QueryPath, QueryCondition.Comparison, JSON, Int?)
     case oneOf(QueryPath, keys: Set<String>, others: [JSON])
     case exists(QueryPath, Bool)
     case contains(QueryPath, JSON)
@@ -19,7 +22,8 @@ indirect enum CompiledCondition: Sendable {
 
     init(_ c: QueryCondition) {
         switch c {
-        case .compare(let p, let op, let v): self = .compare(p, op, v)
+        case .compare(let p, let op, let v):
+            if case .number(let n) = v { self = .compare(p, op, v, n.smallIntegerValue) } else { self = .compare(p, op, v, nil) }
         case .oneOf(let p, let list): self = Self.set(p, list)
         case .exists(let p, let b): self = .exists(p, b)
         case .contains(let p, let v): self = .contains(p, v)
@@ -60,8 +64,17 @@ indirect enum CompiledCondition: Sendable {
     /// Whether `v` satisfies the condition (the meaning of ``QueryEval/matches(_:_:)``).
     func matches(_ v: JSON) -> Bool {
         switch self {
-        case .compare(let path, let op, let arg):
-            return QueryEval.matches(v, .compare(path, op, arg))
+        case .compare(let path, let op, let arg, let bound):
+            let x = QueryEval.value(v, path)
+            if let bound, op != .eq, op != .ne, case .number(let n)? = x, let i = n.smallIntegerValue {
+                switch op {
+                case .lt: return i < bound
+                case .lte: return i <= bound
+                case .gt: return i > bound
+                default: return i >= bound
+                }
+            }
+            return QueryEval.test(x, op, arg)
         case .oneOf(let path, let keys, let others):
             guard let x = QueryEval.value(v, path) else { return false }
             if let k = QueryEval.indexKey(x) { return keys.contains(k) }

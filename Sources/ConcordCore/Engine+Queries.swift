@@ -214,6 +214,22 @@ final class QueryRegistry {
 extension Engine {
     static func pathKey(_ p: QueryPath) -> String { p.joined(separator: "\u{0}") }
 
+    /// Whether `id`'s type (``Tree/type(of:)``, the part before its first
+    /// `:`) is `type`, without making the type's name.
+    static func isOfType(_ id: String, _ type: String) -> Bool {
+        // An identity without a colon is of type "" too.
+        if type.isEmpty { return Tree.type(of: id).isEmpty }
+        let r = id.utf8.withContiguousStorageIfAvailable { a in
+            type.utf8.withContiguousStorageIfAvailable { b -> Bool in
+                guard a.count > b.count, a[b.count] == UInt8(ascii: ":") else { return false }
+                for i in 0..<b.count where a[i] != b[i] || a[i] == UInt8(ascii: ":") { return false }
+                return true
+            }
+        }
+        if let r, let r { return r }
+        return Tree.type(of: id) == type
+    }
+
     /// The window for a definition: shared when it exists, else made over
     /// the view of its definition without a window (shared by every page of
     /// one list), which is built when there is none.
@@ -590,14 +606,30 @@ extension Engine {
     func updateQueries(_ change: StoreChange) -> [(QueryWindow, [CollectionStep])] {
         guard !queries.types.isEmpty else { return [] }
         var changed: [(id: String, tq: TypeQueries)] = []
+        // The changed entities of one mutation are mostly of one or two
+        // types (an author's hundred posts): the last type's answer is kept
+        // and its name compared with the identity's prefix, instead of
+        // making the type's name and hashing it for every entity.
+        var lastType: String?
+        var lastQueries: TypeQueries?
+        func queriesOf(_ id: String) -> TypeQueries? {
+            if let t = lastType, Self.isOfType(id, t) { return lastQueries }
+            let t = Tree.type(of: id)
+            lastType = t
+            lastQueries = queries.types[t]
+            return lastQueries
+        }
         for id in change.valueChanged {
-            if let tq = queries.types[Tree.type(of: id)] { changed.append((id, tq)) }
+            if let tq = queriesOf(id) { changed.append((id, tq)) }
         }
         for id in change.deleted where !change.valueChanged.contains(id) {
-            if let tq = queries.types[Tree.type(of: id)] { changed.append((id, tq)) }
+            if let tq = queriesOf(id) { changed.append((id, tq)) }
         }
         guard !changed.isEmpty else { return [] }
         // A fixed order (Set order is not): the same input gives the same events.
+        // By UTF-8 bytes (code point order, the runtime's order for NFC
+        // text), compared directly: the runtime's comparison cost ~300
+        // instructions per pair of identities.
         if changed.count > 1 { changed.sort { $0.id < $1.id } }
         var touched: [QueryView] = []
         let current: (String) -> JSON? = { self.store.entity($0) }

@@ -395,12 +395,12 @@ public final class Engine {
             return
         case .value(let v, let model, let p):
             value = v
-            prepared = p
+            if let p { prepared = p }
             if let model, case .object(let r) = v, case .object(let m)? = r["model"] { verbatimModel = (model, m.members) }
         }
         defer {
             verbatimModel = nil
-            prepared = nil
+            if prepared != nil { prepared = nil }
         }
         let request: Request
         if let p = prepared {

@@ -416,7 +416,7 @@ struct QueryIndexKey {
     static func of(_ c: CompiledCondition?) -> QueryIndexKey? {
         guard let c else { return nil }
         switch c {
-        case .compare(let p, .eq, let v):
+        case .compare(let p, .eq, let v, _):
             return QueryIndexKey(path: p, values: [QueryEval.filingKey(v)])
         case .oneOf(let p, let keys, let others):
             // A long list is not filed value by value (that costs as much as

@@ -34,18 +34,30 @@ enum RangeKey {
         }
     }
 
-    /// -1, 0 or 1.
+    /// Where a key lies among the keys of its kind: first, inside, last.
+    @inline(__always)
+    private var place: UInt8 {
+        switch self {
+        case .start: return 0
+        case .number, .string: return 1
+        case .end: return 2
+        }
+    }
+
+    /// -1, 0 or 1. Numbers (the common case) are compared without copying
+    /// either key: a tuple of the two (a `switch (a, b)`) copied both, with
+    /// their strings, on every call — and an interval tree compares a few
+    /// times per level.
+    @inline(__always)
     static func compare(_ a: RangeKey, _ b: RangeKey) -> Int {
+        if case .number(let x) = a, case .number(let y) = b { return x < y ? -1 : (x > y ? 1 : 0) }
         let ka = a.kind.rawValue, kb = b.kind.rawValue
         if ka != kb { return ka < kb ? -1 : 1 }
-        switch (a, b) {
-        case (.start, .start), (.end, .end): return 0
-        case (.start, _), (_, .end): return -1
-        case (_, .start), (.end, _): return 1
-        case let (.number(x), .number(y)): return x < y ? -1 : (x > y ? 1 : 0)
-        case let (.string(x, xb), .string(y, yb)): return compareStrings(x, xb, y, yb)
-        default: return 0
-        }
+        let pa = a.place, pb = b.place
+        if pa != pb || pa != 1 { return pa == pb ? 0 : (pa < pb ? -1 : 1) }
+        // Two strings (two numbers were taken above).
+        guard case .string(let x, let xb) = a, case .string(let y, let yb) = b else { return 0 }
+        return compareStrings(x, xb, y, yb)
     }
 
     /// By UTF-8 bytes (``QueryEval/compareStrings(_:_:)``); a string
@@ -56,6 +68,33 @@ enum RangeKey {
         if c < 0, xBeyond, y.utf8.starts(with: x.utf8) { return 1 }
         if c > 0, yBeyond, x.utf8.starts(with: y.utf8) { return -1 }
         return c
+    }
+}
+
+/// A ``RangeKey`` as plain bits, so that an interval tree compares keys
+/// without copying them (a key may hold a string, so copying one is a
+/// reference count): which kind and place (`major`), and a number's value.
+/// Two strings are the one case it cannot order (``compare(_:_:)`` says nil).
+struct RangeOrd {
+    let major: UInt8
+    let number: Double
+
+    init(_ k: RangeKey) {
+        switch k {
+        case .start(let kind): major = kind.rawValue &* 4
+        case .number: major = 5
+        case .string: major = 9
+        case .end(let kind): major = kind.rawValue &* 4 &+ 2
+        }
+        if case .number(let d) = k { number = d } else { number = 0 }
+    }
+
+    /// -1, 0 or 1 as ``RangeKey/compare(_:_:)``; nil for two strings.
+    @inline(__always)
+    static func compare(_ a: RangeOrd, _ b: RangeOrd) -> Int? {
+        if a.major != b.major { return a.major < b.major ? -1 : 1 }
+        if a.major == 5 { return a.number < b.number ? -1 : (a.number > b.number ? 1 : 0) }
+        return a.major == 9 ? nil : 0
     }
 }
 
@@ -92,7 +131,7 @@ struct RangeBounds {
 
     private static func bounds(_ c: CompiledCondition) -> (QueryPath, RangeKey, RangeKey)? {
         switch c {
-        case .compare(let p, let op, let v):
+        case .compare(let p, let op, let v, _):
             guard let k = RangeKey(v) else { return nil }
             switch op {
             case .lt, .lte: return (p, .start(k.kind), k)
@@ -118,6 +157,9 @@ struct RangeTree {
         var lo: RangeKey
         var hi: RangeKey
         var maxHi: RangeKey
+        var loOrd: RangeOrd
+        var hiOrd: RangeOrd
+        var maxHiOrd: RangeOrd
         var serial: UInt32
         unowned(unsafe) var view: QueryView  // the view unfiles itself before it goes
         var left: Int32 = -1
@@ -137,30 +179,46 @@ struct RangeTree {
         return h
     }
 
+    /// Compares two keys by their bits, and by their strings only when both are strings.
+    @inline(__always)
+    private static func compare(_ a: RangeOrd, _ ak: @autoclosure () -> RangeKey, _ b: RangeOrd, _ bk: @autoclosure () -> RangeKey) -> Int {
+        RangeOrd.compare(a, b) ?? RangeKey.compare(ak(), bk())
+    }
+
     /// (lo, serial) order.
-    private func less(_ lo: RangeKey, _ serial: UInt32, than n: Int32) -> Bool {
-        let c = RangeKey.compare(lo, nodes[Int(n)].lo)
+    private func less(_ lo: RangeKey, _ loOrd: RangeOrd, _ serial: UInt32, than n: Int32) -> Bool {
+        let c = Self.compare(loOrd, lo, nodes[Int(n)].loOrd, nodes[Int(n)].lo)
         return c != 0 ? c < 0 : serial < nodes[Int(n)].serial
     }
 
     private mutating func update(_ n: Int32) {
-        var m = nodes[Int(n)].hi
+        var m = n
         let l = nodes[Int(n)].left, r = nodes[Int(n)].right
-        if l >= 0, RangeKey.compare(nodes[Int(l)].maxHi, m) > 0 { m = nodes[Int(l)].maxHi }
-        if r >= 0, RangeKey.compare(nodes[Int(r)].maxHi, m) > 0 { m = nodes[Int(r)].maxHi }
-        nodes[Int(n)].maxHi = m
+        if l >= 0, Self.compare(nodes[Int(l)].maxHiOrd, nodes[Int(l)].maxHi, nodes[Int(m)].hiOrd, nodes[Int(m)].hi) > 0 { m = l }
+        if r >= 0 {
+            let mo = m == n ? nodes[Int(n)].hiOrd : nodes[Int(m)].maxHiOrd
+            let mk = m == n ? nodes[Int(n)].hi : nodes[Int(m)].maxHi
+            if Self.compare(nodes[Int(r)].maxHiOrd, nodes[Int(r)].maxHi, mo, mk) > 0 { m = r }
+        }
+        if m == n {
+            nodes[Int(n)].maxHi = nodes[Int(n)].hi
+            nodes[Int(n)].maxHiOrd = nodes[Int(n)].hiOrd
+        } else {
+            nodes[Int(n)].maxHi = nodes[Int(m)].maxHi
+            nodes[Int(n)].maxHiOrd = nodes[Int(m)].maxHiOrd
+        }
     }
 
     /// Splits `n` into (< (lo, serial), ≥ (lo, serial)).
-    private mutating func split(_ n: Int32, _ lo: RangeKey, _ serial: UInt32) -> (Int32, Int32) {
+    private mutating func split(_ n: Int32, _ lo: RangeKey, _ loOrd: RangeOrd, _ serial: UInt32) -> (Int32, Int32) {
         if n < 0 { return (-1, -1) }
-        if less(lo, serial, than: n) {
-            let (a, b) = split(nodes[Int(n)].left, lo, serial)
+        if less(lo, loOrd, serial, than: n) {
+            let (a, b) = split(nodes[Int(n)].left, lo, loOrd, serial)
             nodes[Int(n)].left = b
             update(n)
             return (a, n)
         } else {
-            let (a, b) = split(nodes[Int(n)].right, lo, serial)
+            let (a, b) = split(nodes[Int(n)].right, lo, loOrd, serial)
             nodes[Int(n)].right = a
             update(n)
             return (n, b)
@@ -183,7 +241,8 @@ struct RangeTree {
 
     /// Files `view` (serial `serial`, not filed yet) under `lo ... hi`.
     mutating func insert(_ view: QueryView, serial: UInt32, lo: RangeKey, hi: RangeKey) {
-        let node = Node(lo: lo, hi: hi, maxHi: hi, serial: serial, view: view, priority: Self.priority(serial))
+        let node = Node(lo: lo, hi: hi, maxHi: hi, loOrd: RangeOrd(lo), hiOrd: RangeOrd(hi), maxHiOrd: RangeOrd(hi),
+                        serial: serial, view: view, priority: Self.priority(serial))
         let n: Int32
         if let f = free.popLast() {
             nodes[Int(f)] = node
@@ -192,17 +251,17 @@ struct RangeTree {
             nodes.append(node)
             n = Int32(nodes.count - 1)
         }
-        let (a, b) = split(root, lo, serial)
+        let (a, b) = split(root, lo, RangeOrd(lo), serial)
         root = merge(merge(a, n), b)
         count += 1
     }
 
     /// Unfiles the view filed with (`lo`, `serial`); nothing when none is.
     mutating func remove(lo: RangeKey, serial: UInt32) {
-        root = remove(root, lo, serial)
+        root = remove(root, lo, RangeOrd(lo), serial)
     }
 
-    private mutating func remove(_ n: Int32, _ lo: RangeKey, _ serial: UInt32) -> Int32 {
+    private mutating func remove(_ n: Int32, _ lo: RangeKey, _ loOrd: RangeOrd, _ serial: UInt32) -> Int32 {
         if n < 0 { return -1 }
         if nodes[Int(n)].serial == serial {
             let m = merge(nodes[Int(n)].left, nodes[Int(n)].right)
@@ -210,10 +269,10 @@ struct RangeTree {
             count -= 1
             return m
         }
-        if less(lo, serial, than: n) {
-            nodes[Int(n)].left = remove(nodes[Int(n)].left, lo, serial)
+        if less(lo, loOrd, serial, than: n) {
+            nodes[Int(n)].left = remove(nodes[Int(n)].left, lo, loOrd, serial)
         } else {
-            nodes[Int(n)].right = remove(nodes[Int(n)].right, lo, serial)
+            nodes[Int(n)].right = remove(nodes[Int(n)].right, lo, loOrd, serial)
         }
         update(n)
         return n
@@ -221,19 +280,25 @@ struct RangeTree {
 
     /// Calls `body` with every view whose range holds `x`.
     func forEach(holding x: RangeKey, _ body: (QueryView) -> Void) {
-        visit(root, x, body)
+        let xo = RangeOrd(x)
+        nodes.withUnsafeBufferPointer { Self.visit($0, root, x, xo, body) }
     }
 
-    private func visit(_ n: Int32, _ x: RangeKey, _ body: (QueryView) -> Void) {
-        guard n >= 0 else { return }
-        let node = nodes[Int(n)]
-        // Nothing below reaches up to x.
-        if RangeKey.compare(node.maxHi, x) < 0 { return }
-        visit(node.left, x, body)
-        // Everything to the right starts above x when this one does.
-        if RangeKey.compare(node.lo, x) > 0 { return }
-        if RangeKey.compare(node.hi, x) >= 0 { body(node.view) }
-        visit(node.right, x, body)
+    /// Reads the nodes in place and compares their keys' bits (strings
+    /// only between strings): copying a node copied its three keys, and
+    /// comparing two keys copied both.
+    private static func visit(_ nodes: UnsafeBufferPointer<Node>, _ n: Int32, _ x: RangeKey, _ xo: RangeOrd, _ body: (QueryView) -> Void) {
+        var n = n
+        while n >= 0 {
+            let p = nodes.baseAddress! + Int(n)
+            // Nothing below reaches up to x.
+            if (RangeOrd.compare(p.pointee.maxHiOrd, xo) ?? RangeKey.compare(p.pointee.maxHi, x)) < 0 { return }
+            if p.pointee.left >= 0 { visit(nodes, p.pointee.left, x, xo, body) }
+            // Everything to the right starts above x when this one does.
+            if (RangeOrd.compare(p.pointee.loOrd, xo) ?? RangeKey.compare(p.pointee.lo, x)) > 0 { return }
+            if (RangeOrd.compare(p.pointee.hiOrd, xo) ?? RangeKey.compare(p.pointee.hi, x)) >= 0 { body(p.pointee.view) }
+            n = p.pointee.right
+        }
     }
 
     /// Every filed view, in (lo, serial) order (for the internal checks).
@@ -283,7 +348,10 @@ final class RangeEntityIndex {
 
     /// Moves `id` from the key of `old` to the key of `new`; returns the change in entries.
     func move(_ id: UInt32, from old: JSON?, to new: JSON?) -> Int {
-        let a = key(old), b = key(new)
+        let x = old.flatMap { QueryEval.value($0, path) }, y = new.flatMap { QueryEval.value($0, path) }
+        // The same value at the path (an author renamed under a post): no move.
+        if let x, let y, x == y { return 0 }
+        let a = x.flatMap(RangeKey.init), b = y.flatMap(RangeKey.init)
         switch (a, b) {
         case (nil, nil): return 0
         case (let a?, nil): remove(id, a); return -1

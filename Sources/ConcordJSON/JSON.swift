@@ -99,7 +99,14 @@ public struct JSONNumber: Sendable, CustomStringConvertible {
         return Double(text) ?? 0
     }
 
-    @inline(__always)
+    /// The value when it is an integer of at most 15 digits (exact), else
+    /// nil: ordering two of them is ordering their values.
+    @inlinable
+    public var smallIntegerValue: Int? {
+        text.utf8.withContiguousStorageIfAvailable({ Self.smallInteger($0) }) ?? nil
+    }
+
+    @inline(__always) @usableFromInline
     static func smallInteger(_ b: UnsafeBufferPointer<UInt8>) -> Int? {
         var i = 0
         let negative = b.first == UInt8(ascii: "-")

@@ -95,3 +95,55 @@ import Testing
         #expect(h.engine.takeGarbage().isEmpty)
     }
 }
+
+/// The compiled forms against the definitions they stand for.
+@Suite struct CompiledConditionTests {
+    /// Orderings of integers take a shortcut (one integer comparison);
+    /// every other pair goes the general way. Both agree with ``QueryEval``.
+    @Test func comparisonsAgreeWithTheDefinition() {
+        let lexemes = ["0", "-0", "7", "-7", "12", "999999999999999", "-999999999999999", "1000000000000000",
+                       "12345678901234567890", "1.5", "12.0", "1e1", "1.2e1", "-1E-3", "0.0"]
+        var values: [JSON] = lexemes.map { .number(JSONNumber(unchecked: $0)) }
+        values += [.string("12"), .string("a"), .null, .bool(true), .array([.int(1)])]
+        for arg in values {
+            for op in QueryCondition.Comparison.allCases {
+                let c = QueryCondition.compare(["n"], op, arg)
+                let compiled = CompiledCondition(c)
+                for x in values {
+                    let v = JSON.object(JSONObject([.init(key: "n", value: x)]))
+                    #expect(compiled.matches(v) == QueryEval.matches(v, c), "\(x.compactString) \(op) \(arg.compactString)")
+                }
+                #expect(compiled.matches(.object(JSONObject())) == QueryEval.matches(.object(JSONObject()), c))
+            }
+        }
+    }
+
+    @Test func anIdentityIsOfTheTypeBeforeItsFirstColon() {
+        for (id, type) in [("Post:1", "Post"), ("Post:1", "Pos"), ("Post:1", "Post:"), ("Post", "Post"), (":x", ""),
+                           ("x", ""), ("Post:a:b", "Post"), ("Pöst:1", "Pöst"), ("Pöst:1", "Post"), ("Person:1", "Post")] {
+            #expect(Engine.isOfType(id, type) == (Tree.type(of: id) == type), "\(id) \(type)")
+        }
+    }
+}
+
+@Suite struct StringOrderTests {
+    /// Small ASCII strings are ordered from their words; the result must be
+    /// the byte order whatever the lengths, zero bytes and kinds of string.
+    @Test func wordsOrderAsBytes() {
+        var rng = SystemRandomNumberGenerator()
+        let alphabet: [UInt8] = [0, 1, 0x3A, 0x41, 0x61, 0x7E, 0x7F]
+        func random() -> String {
+            let n = Int.random(in: 0...18, using: &rng)
+            var bytes = (0..<n).map { _ in alphabet.randomElement(using: &rng)! }
+            if Int.random(in: 0..<8, using: &rng) == 0 { bytes.append(contentsOf: Array("é".utf8)) }
+            return String(decoding: bytes, as: UTF8.self)
+        }
+        for _ in 0..<20_000 {
+            let a = random(), b = Bool.random(using: &rng) ? random() : a + ""
+            #expect(QueryEval.compareStrings(a, b) == QueryEval.compareUTF8(a, b), "\(Array(a.utf8)) \(Array(b.utf8))")
+        }
+        #expect(QueryEval.compareStrings("Post:9", "Post:10") == 1)
+        #expect(QueryEval.compareStrings("a", "a\u{0}") == -1)
+        #expect(QueryEval.compareStrings("", "") == 0)
+    }
+}
