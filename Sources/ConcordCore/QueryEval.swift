@@ -25,7 +25,13 @@ enum SortValue {
         case .null: self = .null
         case .bool(let b): self = .bool(b)
         case .number(let n):
-            if n.isInteger, let i = Int(n.text) { self = .int(i) } else { self = .number(n) }
+            if let i = n.smallIntegerValue {
+                self = .int(i)
+            } else if n.isInteger, let i = Int(n.text) {
+                self = .int(i)
+            } else {
+                self = .number(n)
+            }
         case .string(let s): self = .string(s)
         case .array(let a): self = .array(a)
         case .object: self = .object
@@ -47,6 +53,8 @@ enum SortValue {
 
     /// The order of §3.1: -1, 0 or 1.
     static func compare(_ a: SortValue, _ b: SortValue) -> Int {
+        // Two integers (dates, counts) without the tuple below, which copies both values.
+        if case .int(let x) = a, case .int(let y) = b { return x < y ? -1 : (x > y ? 1 : 0) }
         switch (a, b) {
         case let (.int(x), .int(y)): return x < y ? -1 : (x > y ? 1 : 0)
         case let (.string(x), .string(y)): return QueryEval.compareStrings(x, y)
