@@ -38,15 +38,16 @@ public struct QuerySpec: Sendable {
             m["limit"] = nil
             o = .object(m)
         }
-        // The encoding without the window, its closing brace taken off.
-        var head = o.compactString
+        // The encoding without the window, its closing brace taken off;
+        // each key made from its bytes at once, so it holds no spare
+        // capacity (a view keeps two keys as long as it lives).
+        var head = o.encoded()
         head.removeLast()
-        var windowed = head
-        windowed += ",\"offset\":\(offset)"
-        if let limit { windowed += ",\"limit\":\(limit)" }
-        windowed += "}"
-        head += ",\"offset\":0}"
-        return (windowed, head)
+        var tail = ",\"offset\":\(offset)"
+        if let limit { tail += ",\"limit\":\(limit)" }
+        let windowed = String(decoding: head + Array(tail.utf8) + [UInt8(ascii: "}")], as: UTF8.self)
+        let unwindowed = String(decoding: head + Array(",\"offset\":0}".utf8), as: UTF8.self)
+        return (windowed, unwindowed)
     }
 
     /// The `query` object of the wire protocol, in its canonical form (what
