@@ -122,6 +122,17 @@ struct ClusterTests {
 
     static func state(_ c: WireClient) throws -> String? { try c.request(#"{"op":"ping"}"#)["cluster"]?["state"]?.stringValue }
 
+    /// Until every host has seen its link go (Redis stopped): a host that
+    /// has not read the disconnection yet still says `attached`, so waiting
+    /// for `attached` right after a restart could pass before the drop.
+    static func waitDetached(_ hosts: [ServerProcess]) throws {
+        for h in hosts {
+            let c = try h.connect()
+            defer { c.close() }
+            try waitUntil("host saw its link go") { try c.request(#"{"op":"ping"}"#)["cluster"]?["state"] != "attached" }
+        }
+    }
+
     static func waitAttached(_ hosts: [ServerProcess]) throws {
         for h in hosts {
             let c = try h.connect()
@@ -576,6 +587,7 @@ struct ClusterTests {
         for v in 1...5 { #expect(try a.request(#"{"op":"update","model":{"id":"A","v":\#(v)}}"#)["seq"] == .int(v)) }
         // An older copy of Redis's files: Redis stopped cleanly (its AOF complete), copied, started again.
         try redis.shutdown()
+        try Self.waitDetached(hosts)
         let backup = redis.directory.appendingPathComponent("backup")
         try FileManager.default.copyItem(at: redis.directory.appendingPathComponent("appendonlydir"), to: backup)
         try redis.start()
