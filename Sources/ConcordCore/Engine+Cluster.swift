@@ -261,7 +261,7 @@ extension Engine {
     func appendBehindPending(_ parsed: ParsedLine, _ c: ClientSession, _ cl: ClusterState) -> Bool {
         // A bound per connection: past it the line waits in the backlog, the
         // connection's lane stops feeding, and the server stops reading it.
-        guard c.logPending.count < ClusterState.maxPendingPerConnection, case .value(let value, _, _) = parsed, !isShuttingDown, cl.link == .attached || cl.link == .catchingUp, cl.broken == nil,
+        guard c.logPending.count < ClusterState.maxPendingPerConnection, let value = parsed.json, !isShuttingDown, cl.link == .attached || cl.link == .catchingUp, cl.broken == nil,
               let request = try? Request.decode(value, idKey: configuration.idKey), goesThroughLog(request) else { return false }
         c.requests += 1
         do {
@@ -458,7 +458,7 @@ extension Engine {
     /// backend) happened before it was appended.
     /// Returns its outcome: `ok SEQ` or the error code.
     private func applyLogged(_ parsed: ParsedLine, _ c: ClientSession) -> String {
-        guard case .value(let value, _, _) = parsed, let request = try? Request.decode(value, idKey: configuration.idKey) else {
+        guard let value = parsed.json, let request = try? Request.decode(value, idKey: configuration.idKey) else {
             // Appended only after decoding: a line that does not decode is another engine version's.
             if c !== cluster?.sink { respondError(c, rid: .null, ProtocolError(.internal, "a log entry did not decode on this host")) }
             return "undecodable"

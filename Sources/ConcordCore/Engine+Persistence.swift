@@ -580,7 +580,7 @@ extension Engine {
             c.waitingTicket = nil
             if let line = c.popBacklog() {
                 var rid = JSON.null
-                if case .value(.object(let o), _, _) = line, let r = Request.rid(of: o) { rid = r }
+                if case .object(let o)? = line.json, let r = Request.rid(of: o) { rid = r }
                 respondError(c, rid: rid, ProtocolError(.cacheError, message))
             }
             drain(c)

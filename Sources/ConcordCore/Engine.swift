@@ -326,10 +326,21 @@ public final class Engine {
     public enum ParsedLine: Sendable {
         /// `model`: where the request's `model` lies in its line, when those
         /// bytes are exactly its encoding (``VerbatimModel``).
-        /// `prepared`: the request decoded with the parse (a long line, off
-        /// the sequencer), its query prepared; nil when the engine decodes it.
-        case value(JSON, model: VerbatimModel? = nil, prepared: PreparedRequest? = nil)
+        case value(JSON, model: VerbatimModel? = nil)
+        /// A long line decoded with its parse, off the sequencer, its query
+        /// prepared (the engine does not decode it again). One reference, so
+        /// that the common case above is passed around no larger.
+        case prepared(PreparedRequest)
         case failure(ProtocolError)
+
+        /// The line's JSON, when it parsed.
+        var json: JSON? {
+            switch self {
+            case .value(let v, _): return v
+            case .prepared(let p): return p.value
+            case .failure: return nil
+            }
+        }
     }
 
     /// Parses a request line. With `decodeWith` (the engine's `idKey`; the
@@ -342,7 +353,7 @@ public final class Engine {
             let (value, range) = try parser.parse(line, verbatimMember: "model")
             let model = range.map { VerbatimModel(line: line, range: $0) }
             if let idKey, let request = try? Request.decode(value, idKey: idKey) {
-                return .value(value, model: model, prepared: PreparedRequest(request))
+                return .prepared(PreparedRequest(request, value: value, model: model))
             }
             return .value(value, model: model)
         } catch {
@@ -389,31 +400,31 @@ public final class Engine {
         // Events held back before this request are written before its response (§6.6).
         if !c.coalesced.isEmpty { flushCoalesced(c) }
         let value: JSON
+        let request: Request
         switch parsed {
         case .failure(let e):
             respondError(c, rid: .null, e)
             return
-        case .value(let v, let model, let p):
+        case .value(let v, let model):
+            do {
+                request = try Request.decode(v, idKey: configuration.idKey)
+            } catch {
+                var rid = JSON.null
+                if case .object(let o) = v, let r = Request.rid(of: o) { rid = r }
+                respondError(c, rid: rid, error)
+                return
+            }
             value = v
-            if let p { prepared = p }
             if let model, case .object(let r) = v, case .object(let m)? = r["model"] { verbatimModel = (model, m.members) }
+        case .prepared(let p):
+            request = p.request
+            value = p.value
+            prepared = p
+            if let model = p.model, case .object(let r) = p.value, case .object(let m)? = r["model"] { verbatimModel = (model, m.members) }
         }
         defer {
             verbatimModel = nil
             if prepared != nil { prepared = nil }
-        }
-        let request: Request
-        if let p = prepared {
-            request = p.request
-        } else {
-            do {
-                request = try Request.decode(value, idKey: configuration.idKey)
-            } catch {
-                var rid = JSON.null
-                if case .object(let o) = value, let r = Request.rid(of: o) { rid = r }
-                respondError(c, rid: rid, error)
-                return
-            }
         }
         if isShuttingDown {
             respondError(c, rid: request.rid, ProtocolError(.shuttingDown, "the server is shutting down"))

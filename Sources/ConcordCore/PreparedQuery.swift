@@ -49,10 +49,15 @@ public final class PreparedQuery: Sendable {
 /// A request decoded off the sequencer (a long line, on the parse thread),
 /// with its query prepared: the engine does not decode it again.
 public final class PreparedRequest: Sendable {
+    /// The line, as parsed, and where its `model` lies in it (``VerbatimModel``).
+    let value: JSON
+    let model: VerbatimModel?
     let request: Request
     let query: PreparedQuery?
 
-    init(_ request: Request) {
+    init(_ request: Request, value: JSON, model: VerbatimModel?) {
+        self.value = value
+        self.model = model
         self.request = request
         query = PreparedQuery.of(request).map(PreparedQuery.init)
     }
