@@ -11,14 +11,18 @@ import Glibc
 /// its answer comes back — so a test can lose an answer the way a real
 /// network would. Lines pass through unchanged otherwise.
 final class DropProxy: @unchecked Sendable {
-    // Sendable: `armed` and `connections` are behind a Mutex; the threads own their descriptors.
+    // Sendable: `armed` and `open` are behind `lock`; the threads own their descriptors.
+    // An NSLock (pthread mutex), not `Mutex`: ThreadSanitizer sees a pthread
+    // mutex order the threads, and does not see the uninstrumented futex of
+    // the standard library's `Mutex` (it reported the list's accesses here).
     let path: String
     private let target: String
     private let listener: Int32
     /// When set, the next client line containing this text is forwarded and
     /// that client connection is closed before anything more comes back.
-    private let armed = Mutex<String?>(nil)
-    private let open = Mutex<[Int32]>([])
+    private let lock = NSLock()
+    private var armed: String?
+    private var open: [Int32] = []
     let drops = Atomic<Int>(0)
 
     init(target: String) throws {
@@ -41,13 +45,13 @@ final class DropProxy: @unchecked Sendable {
     }
 
     /// Cuts the connection that sends the next line containing `text`, right after forwarding it.
-    func dropAfterForwarding(lineContaining text: String) { armed.withLock { $0 = text } }
+    func dropAfterForwarding(lineContaining text: String) { lock.withLock { armed = text } }
 
     /// Cuts every client connection now.
     func dropAll() {
-        let fds = open.withLock { list -> [Int32] in
-            defer { list = [] }
-            return list
+        let fds = lock.withLock { () -> [Int32] in
+            defer { open = [] }
+            return open
         }
         for fd in fds { shutdown(fd, Int32(SHUT_RDWR)) }
         drops.add(fds.count, ordering: .relaxed)
@@ -68,7 +72,7 @@ final class DropProxy: @unchecked Sendable {
                 close(client)
                 continue
             }
-            open.withLock { $0.append(client) }
+            lock.withLock { open.append(client) }
             let up = Thread { [self] in pumpUp(client: client, server: server) }
             let down = Thread { [self] in pumpDown(server: server, client: client) }
             up.start()
@@ -83,9 +87,9 @@ final class DropProxy: @unchecked Sendable {
             var bytes = line
             bytes.append(0x0A)
             let text = String(decoding: line, as: UTF8.self)
-            let cut = armed.withLock { a -> Bool in
-                guard let t = a, text.contains(t) else { return false }
-                a = nil
+            let cut = lock.withLock { () -> Bool in
+                guard let t = armed, text.contains(t) else { return false }
+                armed = nil
                 return true
             }
             // The answer is lost: the client side is closed before the line
@@ -111,7 +115,7 @@ final class DropProxy: @unchecked Sendable {
         }
         shutdown(client, Int32(SHUT_RDWR))
         close(server)
-        open.withLock { $0.removeAll { $0 == client } }
+        lock.withLock { open.removeAll { $0 == client } }
         close(client)
     }
 }
