@@ -262,7 +262,7 @@ extension Engine {
         // A bound per connection: past it the line waits in the backlog, the
         // connection's lane stops feeding, and the server stops reading it.
         guard c.logPending.count < ClusterState.maxPendingPerConnection, let value = parsed.json, !isShuttingDown, cl.link == .attached || cl.link == .catchingUp, cl.broken == nil,
-              let request = try? Request.decode(value, idKey: configuration.idKey), goesThroughLog(request) else { return false }
+              let request = parsed.decoded ?? (try? Request.decode(value, idKey: configuration.idKey)), goesThroughLog(request) else { return false }
         c.requests += 1
         do {
             try appendToLog(request, value, c, cl)

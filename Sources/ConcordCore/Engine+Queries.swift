@@ -627,9 +627,6 @@ extension Engine {
         }
         guard !changed.isEmpty else { return [] }
         // A fixed order (Set order is not): the same input gives the same events.
-        // By UTF-8 bytes (code point order, the runtime's order for NFC
-        // text), compared directly: the runtime's comparison cost ~300
-        // instructions per pair of identities.
         if changed.count > 1 { changed.sort { $0.id < $1.id } }
         var touched: [QueryView] = []
         let current: (String) -> JSON? = { self.store.entity($0) }

@@ -333,6 +333,12 @@ public final class Engine {
         case prepared(PreparedRequest)
         case failure(ProtocolError)
 
+        /// The request, when it came decoded (a long line).
+        var decoded: Request? {
+            if case .prepared(let p) = self { return p.request }
+            return nil
+        }
+
         /// The line's JSON, when it parsed.
         var json: JSON? {
             switch self {

@@ -56,7 +56,6 @@ enum SortValue {
         // Two integers (dates, counts) without the tuple below, which copies both values.
         if case .int(let x) = a, case .int(let y) = b { return x < y ? -1 : (x > y ? 1 : 0) }
         switch (a, b) {
-        case let (.int(x), .int(y)): return x < y ? -1 : (x > y ? 1 : 0)
         case let (.string(x), .string(y)): return QueryEval.compareStrings(x, y)
         default: break
         }

@@ -191,22 +191,18 @@ struct RangeTree {
         return c != 0 ? c < 0 : serial < nodes[Int(n)].serial
     }
 
+    /// A node's highest high bound: its own or its children's (filing and
+    /// unfiling only, so the keys are simply copied here).
     private mutating func update(_ n: Int32) {
-        var m = n
-        let l = nodes[Int(n)].left, r = nodes[Int(n)].right
-        if l >= 0, Self.compare(nodes[Int(l)].maxHiOrd, nodes[Int(l)].maxHi, nodes[Int(m)].hiOrd, nodes[Int(m)].hi) > 0 { m = l }
-        if r >= 0 {
-            let mo = m == n ? nodes[Int(n)].hiOrd : nodes[Int(m)].maxHiOrd
-            let mk = m == n ? nodes[Int(n)].hi : nodes[Int(m)].maxHi
-            if Self.compare(nodes[Int(r)].maxHiOrd, nodes[Int(r)].maxHi, mo, mk) > 0 { m = r }
+        var ord = nodes[Int(n)].hiOrd, key = nodes[Int(n)].hi
+        for c in [nodes[Int(n)].left, nodes[Int(n)].right] where c >= 0 {
+            if Self.compare(nodes[Int(c)].maxHiOrd, nodes[Int(c)].maxHi, ord, key) > 0 {
+                ord = nodes[Int(c)].maxHiOrd
+                key = nodes[Int(c)].maxHi
+            }
         }
-        if m == n {
-            nodes[Int(n)].maxHi = nodes[Int(n)].hi
-            nodes[Int(n)].maxHiOrd = nodes[Int(n)].hiOrd
-        } else {
-            nodes[Int(n)].maxHi = nodes[Int(m)].maxHi
-            nodes[Int(n)].maxHiOrd = nodes[Int(m)].maxHiOrd
-        }
+        nodes[Int(n)].maxHi = key
+        nodes[Int(n)].maxHiOrd = ord
     }
 
     /// Splits `n` into (< (lo, serial), ≥ (lo, serial)).
