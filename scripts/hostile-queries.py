@@ -121,7 +121,12 @@ def writer2():
     except Exception: pass
 def acker():
     while True:
-        l = f8.readline()
+        # SIGTERM closes the connection while the writer still sends, so the
+        # end may come as a reset: what was read before it is what was acknowledged.
+        try:
+            l = f8.readline()
+        except OSError:
+            return
         if not l: return
         v = json.loads(l)
         if v.get("ok") and isinstance(v.get("rid"), int):
