@@ -228,6 +228,7 @@ extension Engine {
     func send(_ payload: OutputBytes, to view: some SubscriberList, event: StaticString, seq: Int, changed: Bool,
                       origins: Set<ObjectIdentifier>, context: JSON?) {
         var shared: SharedEvent?
+        defer { if let shared { keepSharedEventBuffer(shared) } }
         let several = view.hasSeveral
         view.forEach { s in
             if let p = s.pause {
@@ -252,8 +253,14 @@ extension Engine {
     func enqueue(_ shared: inout SharedEvent?, _ several: Bool, _ event: StaticString, _ seq: Int,
                  _ payload: OutputBytes, to s: SubscriptionRecord) {
         if several && payload.count <= OutputQueue.copyLimit {
-            if shared == nil { shared = SharedEvent(event, seq, payload) }
-            s.client.output.appendEvent(head: shared!.head, s, tail: shared!.tail)
+            if shared == nil {
+                shared = SharedEvent(event, seq, payload, buffer: sharedEventBuffer)
+                sharedEventBuffer = []
+            }
+            shared!.bytes.withUnsafeBytes { b in
+                s.client.output.appendEvent(head: UnsafeRawBufferPointer(rebasing: b[..<shared!.headCount]), s,
+                                            tail: UnsafeRawBufferPointer(rebasing: b[shared!.headCount...]))
+            }
         } else {
             if !s.client.output.appendEventHeader(event, s, seq: seq) {
                 s.client.output.write { eventHeader(&$0, event, s, seq) }
@@ -345,13 +352,17 @@ extension Engine {
 
 /// What every subscriber of a fan-out shares of an event: the head before
 /// the subscription's name (`{"event":"…","sub":`) and the tail after it
-/// (`,"seq":N` and the payload), in one buffer.
+/// (`,"seq":N` and the payload), in one buffer. It lives while one view's
+/// subscribers are queued (each queue copies it: it is at most
+/// `OutputQueue.copyLimit` long), in the engine's `sharedEventBuffer`,
+/// which the next one reuses.
 struct SharedEvent {
-    let bytes: OutputBytes
+    var bytes: [UInt8]
     let headCount: Int
 
-    init(_ event: StaticString, _ seq: Int, _ payload: OutputBytes) {
-        var w = JSONWriter(capacity: payload.count + 64)
+    init(_ event: StaticString, _ seq: Int, _ payload: OutputBytes, buffer: [UInt8]) {
+        var w = JSONWriter(adopting: buffer)
+        if w.bytes.capacity < payload.count + 64 { w.bytes.reserveCapacity(payload.count + 64) }
         w.raw("{\"event\":\"")
         w.raw(event)
         w.raw("\",\"sub\":")
@@ -359,9 +370,15 @@ struct SharedEvent {
         w.raw(",\"seq\":")
         w.int(seq)
         w.bytes.append(contentsOf: UnsafeRawBufferPointer(start: payload.base, count: payload.count))
-        bytes = OutputBytes.copy(w.bytes)
+        bytes = w.bytes
     }
+}
 
-    var head: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: bytes.base, count: headCount) }
-    var tail: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: bytes.base + headCount, count: bytes.count - headCount) }
+extension Engine {
+    /// Takes back a fan-out's shared event buffer, emptied, for the next one.
+    func keepSharedEventBuffer(_ shared: SharedEvent) {
+        var b = shared.bytes
+        b.removeAll(keepingCapacity: true)
+        sharedEventBuffer = b
+    }
 }

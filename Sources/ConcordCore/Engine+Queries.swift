@@ -759,6 +759,7 @@ extension Engine {
             let payload = OutputBytes.copy(w.bytes)
             // `origin` does not suppress query events (§3.1): no origins here.
             var shared: SharedEvent?
+            defer { if let shared { keepSharedEventBuffer(shared) } }
             let several = view.hasSeveral
             view.forEach { s in
                 if let p = s.pause {

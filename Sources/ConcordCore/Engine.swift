@@ -128,6 +128,13 @@ public final class Engine {
     let renderResults = RenderResults(count: 0)
     /// The writer buffer of a mutation with one render job (Render+Map), kept between mutations.
     var renderBuffer: [UInt8] = []
+    /// The payload of a mutation with one render job, when it is short
+    /// enough that every queue copies it (`OutputQueue.copyLimit`): nothing
+    /// holds it once the job's events are queued, and the next such
+    /// mutation writes into it again instead of allocating (Render+Map).
+    var smallPayload = OutputBytes.block(capacity: OutputQueue.copyLimit)
+    /// A fan-out's shared event (`SharedEvent`), kept between views.
+    var sharedEventBuffer: [UInt8] = []
     /// A mutation's op list (a single op's) and effects, kept between
     /// mutations empty with their capacity: two allocations fewer each.
     var opsScratch: [(Mutation, origin: String?)] = []

@@ -54,6 +54,10 @@ struct EntityMap: Sequence {
             for i in entries.indices { built[entries[i].id] = i }
             built[id] = entries.count
             index = built
+        } else if entries.isEmpty {
+            // Room for a few: an update of an entity and the ones it holds
+            // (a post with its author) grows the list once, not twice.
+            entries.reserveCapacity(4)
         }
         entries.append((id, value))
         return true

@@ -78,14 +78,14 @@ extension Engine {
             var buffer = renderBuffer
             renderBuffer = []
             results[0] = renderJob(jobs[0], effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged,
-                                   buffer: &buffer)
+                                   buffer: &buffer, alone: true)
             if buffer.capacity <= OutputQueue.scratchLimit * 16 { renderBuffer = buffer }
             return results
         }
         executor.forEach(jobs.count) { i in
             var buffer: [UInt8] = []
             results[i] = self.renderJob(jobs[i], effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged,
-                                        buffer: &buffer)
+                                        buffer: &buffer, alone: false)
         }
         return results
     }
@@ -99,15 +99,30 @@ extension Engine {
     }
 
     /// The bytes `w` wrote, as the job's payload; its buffer, emptied, goes back to `buffer`.
-    private func payload(_ w: inout JSONWriter, _ buffer: inout [UInt8], changed: Bool) -> Rendered {
-        let out = OutputBytes.copy(w.bytes)
+    /// `alone`: the mutation's only job, rendered on the sequencer: a short
+    /// payload goes into the engine's `smallPayload` when nothing holds it
+    /// any more (every queue copies a payload that short, so after the
+    /// previous mutation's enqueue step nothing does; the check keeps a
+    /// held one from being written over all the same).
+    private func payload(_ w: inout JSONWriter, _ buffer: inout [UInt8], changed: Bool, alone: Bool) -> Rendered {
+        let out: OutputBytes
+        let n = w.bytes.count
+        if alone && n <= OutputQueue.copyLimit && isKnownUniquelyReferenced(&smallPayload) {
+            out = smallPayload
+            w.bytes.withUnsafeBytes { src in
+                if let s = src.baseAddress { out.base.copyMemory(from: s, byteCount: n) }
+            }
+            out.header = n
+        } else {
+            out = OutputBytes.copy(w.bytes)
+        }
         w.bytes.removeAll(keepingCapacity: true)
         swap(&buffer, &w.bytes)
         return .payload(out, changed: changed)
     }
 
     private func renderJob(_ job: RenderPlan.Job, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?,
-                           valueChanged: IDSet, buffer: inout [UInt8]) -> Rendered {
+                           valueChanged: IDSet, buffer: inout [UInt8], alone: Bool) -> Rendered {
         switch job {
         case .model(let view):
             return .model(renderModel(view, effects, seq: seq, origins: origins, context: context))
@@ -138,16 +153,16 @@ extension Engine {
                 }
             }
             writeDocumentBody(&w, old: old, new: new, context: context, valueChanged: valueChanged, onlyChanged: known)
-            return payload(&w, &buffer, changed: changed)
+            return payload(&w, &buffer, changed: changed, alone: alone)
         case .list(let view, let ended, let changed, let changes):
             guard !ended && !changes.isEmpty else { return .none }
             var w = writer(&buffer, capacity: 256)
             writeCollectionBody(&w, name: view.name, changes: changes, context: context)
-            return payload(&w, &buffer, changed: changed)
+            return payload(&w, &buffer, changed: changed, alone: alone)
         case .entity(let id, let changed):
             var w = writer(&buffer, capacity: 256)
             writeEntityBody(&w, id: id, value: store.entity(id) ?? .null, context: context)
-            return payload(&w, &buffer, changed: changed)
+            return payload(&w, &buffer, changed: changed, alone: alone)
         }
     }
 }

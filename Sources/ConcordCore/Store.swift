@@ -485,6 +485,9 @@ final class Store {
 
     /// `apply`'s list of changed entities, kept (empty) between updates.
     private var changedScratch: [(String, EntityRecord?)] = []
+    /// Where a written record's nested entities are listed to be compared
+    /// with the ones it held (`Tree.nestedEntities(_:unlessSameAs:scratch:)`).
+    private var childrenScratch = Children()
     /// `propagate`'s last lookup by identity (empty outside it).
     private var lastLookupID = ""
     private var lastLookupValue: JSON? = nil
@@ -818,12 +821,11 @@ final class Store {
             // Resident again (removed earlier in the mutation): the record keeps its entry.
             absentEntry = journaledAbsent.removeValue(forKey: id) ?? newAbsentEntry(id)
         }
-        let newChildren = tree.nestedEntities(value)
         let mark = verbatim ? EntityRecord.written : EntityRecord.written | EntityRecord.reshaped
         if let rec = resident {
             if !writtenInThisMutation(rec) { writtenInMutation.append((id, rec)) }
             markMutation(rec, mark)
-            if rec.children != newChildren {
+            if let newChildren = tree.nestedEntities(value, unlessSameAs: rec.children, scratch: &childrenScratch) {
                 markMutation(rec, EntityRecord.childrenChanged)
                 for (c, n) in rec.children { adjustReferrer(of: c, entity: id, rec, by: -n) }
                 for (c, n) in newChildren { adjustReferrer(of: c, entity: id, rec, by: n) }
@@ -832,6 +834,7 @@ final class Store {
             rec.value = value
             return rec
         } else {
+            let newChildren = tree.nestedEntities(value)
             let rec = EntityRecord(value: value, children: newChildren)
             rec.journalIndex = Int32(absentEntry)
             rec.held = (referrers[id] == nil ? 0 : EntityRecord.heldByEntities)
@@ -914,10 +917,15 @@ final class Store {
     private func setDocument(_ key: String, _ value: JSON?, resident old: DocumentRecord?) -> JSON? {
         journalDocument(old, key)
         let before = old?.value
-        let newChildren = value.map { tree.topEntities($0) } ?? Children()
-        if let old, let value, old.children == newChildren {
-            old.value = value
-            return before
+        let newChildren: Children
+        if let old, let value {
+            guard let c = tree.topEntities(value, unlessSameAs: old.children, scratch: &childrenScratch) else {
+                old.value = value
+                return before
+            }
+            newChildren = c
+        } else {
+            newChildren = value.map { tree.topEntities($0) } ?? Children()
         }
         if let old {
             for (c, n) in old.children { adjustDocumentReferrer(of: c, key: key, by: -n) }

@@ -144,6 +144,30 @@ struct Tree {
     /// The identities of the top-most entities nested in `value` (not `value` itself), with counts.
     func nestedEntities(_ value: JSON) -> Children {
         var out = Children()
+        nestedEntities(value, into: &out)
+        return out
+    }
+
+    /// `nestedEntities(value)` when they differ from `old`, nil when they are
+    /// the same list. The list is built in `scratch` (emptied first, its
+    /// storage kept), and copied out only when it differs: a record written
+    /// again with the same nested entities (an author carried along, a
+    /// document of one entity) allocates nothing for them.
+    func nestedEntities(_ value: JSON, unlessSameAs old: Children, scratch: inout Children) -> Children? {
+        scratch.removeAll()
+        // A long list's storage is not kept for the next one.
+        defer { if scratch.count > 256 { scratch = Children() } }
+        nestedEntities(value, into: &scratch)
+        return scratch == old ? nil : scratch.copied()
+    }
+
+    /// `topEntities(value)` when they differ from `old`, nil when they are the same list (as above).
+    func topEntities(_ value: JSON, unlessSameAs old: Children, scratch: inout Children) -> Children? {
+        if let id = value.identity(idKey: idKey) { return old.isOnly(id) ? nil : Children(id) }
+        return nestedEntities(value, unlessSameAs: old, scratch: &scratch)
+    }
+
+    private func nestedEntities(_ value: JSON, into out: inout Children) {
         var index: [String: Int]? = nil
         func walk(_ v: JSON, top: Bool) {
             switch v {
@@ -162,7 +186,6 @@ struct Tree {
             }
         }
         walk(value, top: true)
-        return out
     }
 
     /// The top-most entities of `value`, `value` itself included when it is one.
@@ -525,6 +548,25 @@ struct Children: Sequence, Equatable, CustomStringConvertible {
     }
 
     func makeIterator() -> IndexingIterator<[(id: String, count: Int)]> { list.makeIterator() }
+
+    /// Empties the list, keeping its storage (a scratch list).
+    mutating func removeAll() { list.removeAll(keepingCapacity: true) }
+
+    /// The same list in storage of its own, exactly as large (a scratch
+    /// list's storage stays with the scratch).
+    func copied() -> Children {
+        var c = Children()
+        if !list.isEmpty {
+            c.list.reserveCapacity(list.count)
+            c.list.append(contentsOf: list)
+        }
+        return c
+    }
+
+    /// Whether the list is `id` once and nothing else.
+    func isOnly(_ id: String) -> Bool {
+        list.count == 1 && list[0].count == 1 && sameText(list[0].id, id)
+    }
 
     /// Whether `id` is one of them (a walk of the list).
     func contains(_ id: String) -> Bool {

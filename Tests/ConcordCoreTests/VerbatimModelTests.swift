@@ -91,4 +91,50 @@ struct VerbatimModelTests {
         #expect(text.contains(#""event":"update","sub":"q\"uote""#))
         #expect(run(subscribers: 3) == alone)
     }
+
+    /// A mutation with one render job writes a short payload into a buffer
+    /// the engine reuses (`Engine.smallPayload`), and a fan-out's shared
+    /// event into another (`sharedEventBuffer`). Events queued by many such
+    /// mutations and read only at the end, payloads on both sides of
+    /// `OutputQueue.copyLimit` (copied into the queues below it, referenced
+    /// above), must be the bytes read one mutation at a time.
+    @Test func reusedPayloadBuffersNeverChangeQueuedEvents() {
+        func run(subscribers: Int, readEachTime: Bool) -> [Int: [UInt8]] {
+            var cfg = EngineConfiguration()
+            cfg.internalChecks = true
+            let e = Engine(configuration: cfg)
+            var bytes: [Int: [UInt8]] = [:]
+            func pump() {
+                for (id, chunks) in e.takeOutput() {
+                    for ch in chunks { bytes[id, default: []].append(contentsOf: UnsafeRawBufferPointer(start: ch.base, count: ch.count)) }
+                }
+            }
+            for c in 1...(subscribers + 1) { e.open(c) }
+            for c in 2...(subscribers + 1) {
+                e.handleLine(Array(#"{"op":"subscribe","sub":"k","key":"doc"}"#.utf8), from: c)
+                e.handleLine(Array(#"{"op":"subscribe","sub":"e","ids":["B:1"]}"#.utf8), from: c)
+            }
+            pump()
+            bytes = [:]
+            // One render job per mutation (a key view; an entity's
+            // watchers). The payload grows by 3 bytes a step, from ~960 to ~1,080 bytes.
+            for i in 0..<40 {
+                let s = String(repeating: "y", count: 920 + 3 * i)
+                e.handleLine(Array(#"{"op":"update","key":"doc","model":{"id":"A:1","s":"\#(s)","n":\#(i)}}"#.utf8), from: 1)
+                e.handleLine(Array(#"{"op":"update","model":{"id":"B:1","s":"\#(s)","n":\#(i + 1000)}}"#.utf8), from: 1)
+                if readEachTime { pump() }
+            }
+            pump()
+            return bytes
+        }
+        for n in [1, 3] {
+            let once = run(subscribers: n, readEachTime: false)
+            let each = run(subscribers: n, readEachTime: true)
+            let same = once == each  // (not inside #expect: it would print every byte)
+            #expect(same, "\(n) subscriber(s)")
+            #expect((once[2]?.count ?? 0) > 80_000)
+            let text = String(decoding: once[2] ?? [], as: UTF8.self)
+            #expect(text.contains(#""n":39}"#) && text.contains(#""n":1039}"#))
+        }
+    }
 }
