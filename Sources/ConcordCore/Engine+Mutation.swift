@@ -62,8 +62,14 @@ extension Engine {
         var effects = effectsScratch
         effectsScratch = []
         defer {
+            // A single update's entity map goes back to the store to be
+            // filled again by the next update (nothing holds it any more
+            // once the effects are gone).
+            var spare = EntityMap()
+            if effects.count == 1, case .update(let u) = effects[0] { spare = u.swap }
             effects.drain()
             effectsScratch = effects
+            store.reuse(&spare)
         }
         var change = StoreChange()
         store.trackRecordChanges = !feeds.isEmpty

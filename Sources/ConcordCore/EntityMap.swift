@@ -70,4 +70,13 @@ struct EntityMap: Sequence {
     }
 
     func makeIterator() -> IndexingIterator<[(id: String, value: JSON)]> { entries.makeIterator() }
+
+    /// Empties a short map, keeping its storage: whether it is worth
+    /// reusing. (Shared storage would be copied empty; the caller gives
+    /// back a map nothing else holds.)
+    mutating func emptiedForReuse() -> Bool {
+        guard index == nil, entries.capacity <= 64, !entries.isEmpty else { return false }
+        entries.removeAll(keepingCapacity: true)
+        return true
+    }
 }

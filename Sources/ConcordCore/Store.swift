@@ -413,7 +413,9 @@ final class Store {
     /// Computes the new versions of an update's entities without writing them.
     /// Throws `bad_request` when a merge would make an entity contain itself.
     func prepareUpdate(model: JSON, key: String?, mode: UpdateMode, force: Bool) throws(ProtocolError) -> PreparedUpdate {
-        let (winners, repeated) = tree.flattenCounting(model)
+        var winners = EntityMap()
+        swap(&winners, &spareEntityMap)
+        let repeated = tree.flattenCounting(model, into: &winners)
         // With each identity once, every nested occurrence already is its winner.
         let resolved = repeated ? tree.resolve(winners) : winners
         guard mode == .merge else {
@@ -485,6 +487,14 @@ final class Store {
 
     /// `apply`'s list of changed entities, kept (empty) between updates.
     private var changedScratch: [(String, EntityRecord?)] = []
+    /// An update's entity map, given back empty after its mutation
+    /// (`reuse(_:)`) for the next update to fill: no allocation for it.
+    private var spareEntityMap = EntityMap()
+
+    /// Takes back an update's entity map once nothing else holds it.
+    func reuse(_ map: inout EntityMap) {
+        if map.emptiedForReuse() { swap(&spareEntityMap, &map) }
+    }
     /// Where a written record's nested entities are listed to be compared
     /// with the ones it held (`Tree.nestedEntities(_:unlessSameAs:scratch:)`).
     private var childrenScratch = Children()

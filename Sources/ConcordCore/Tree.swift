@@ -18,6 +18,13 @@ struct Tree {
     /// `flatten`, also telling whether some identity occurs more than once.
     func flattenCounting(_ root: JSON) -> (winners: EntityMap, repeated: Bool) {
         var winners = EntityMap()
+        let repeated = flattenCounting(root, into: &winners)
+        return (winners, repeated)
+    }
+
+    /// `flattenCounting`, into `winners` (empty: a map given back to be
+    /// reused); returns whether some identity occurs more than once.
+    func flattenCounting(_ root: JSON, into winners: inout EntityMap) -> Bool {
         var repeated = false
         func walk(_ v: JSON) {
             switch v {
@@ -32,7 +39,7 @@ struct Tree {
             }
         }
         walk(root)
-        return (winners, repeated)
+        return repeated
     }
 
     /// Each winner with its nested entities replaced by their own resolved winners,
