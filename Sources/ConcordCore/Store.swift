@@ -308,6 +308,8 @@ final class Store {
     /// (then a refresh in place can keep no value: see `reconstructedBefore`).
     /// The last identity found so is remembered (siblings share their child).
     private func childrenBeforeKnown(_ rec: EntityRecord) -> Bool {
+        // One child, the one found so last time (siblings): nothing to look up.
+        if rec.children.isOnly(lastKnownChild) { return true }
         for c in rec.children.keys where c != lastKnownChild {
             guard let child = entities[c] else { return false }
             if touchedInThisMutation(child) && child.mutationMark & EntityRecord.beforeNotKept == 0
@@ -695,7 +697,9 @@ final class Store {
                 guard rec.walkGeneration != generation else { continue }
                 rec.mark(generation, .pending)
                 toRefresh.append((r, rec))
-                queue.append((r, rec, true))
+                // A referrer nobody holds has nothing to visit (an author's
+                // hundred posts): it is not queued.
+                if rec.held != 0 { queue.append((r, rec, true)) }
             }
         }
         var seeds: [(String, EntityRecord)] = []

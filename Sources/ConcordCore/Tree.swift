@@ -88,20 +88,48 @@ struct Tree {
     private static func substitutingMembers(_ members: [JSONObject.Member], _ tree: Tree, _ lookup: (String) -> JSON?) -> [JSONObject.Member]? {
         // Copied by copy-on-write at the first change.
         var out = members
-        return tree.substituteMembersInPlace(&out, lookup) ? out : nil
+        var changed = false
+        for i in out.indices where out[i].value.isContainer {  // nothing below a scalar
+            let (nv, c) = tree.substituteAny(out[i].value, lookup)
+            if c {
+                out[i].value = nv
+                changed = true
+            }
+        }
+        return changed ? out : nil
     }
 
-    /// `substituteNested` of an object's members, in place (written where
-    /// they are when the array is not shared); whether any changed.
-    @inline(__always)
+    /// The nested entities of a record's members substituted in place, for
+    /// a record one of whose entities changed (so the array is written:
+    /// a shared one is copied first, once); whether any was. Through the
+    /// buffer: one uniqueness check for the array, not one per member
+    /// written, and an entity member (an author in a post, the common
+    /// case) is replaced without a call returning a pair.
     @discardableResult
     func substituteMembersInPlace(_ members: inout [JSONObject.Member], _ lookup: (String) -> JSON?) -> Bool {
         var changed = false
-        for i in members.indices where members[i].value.isContainer {  // nothing below a scalar
-            let (nv, c) = substituteAny(members[i].value, lookup)
-            if c {
-                members[i].value = nv
-                changed = true
+        members.withUnsafeMutableBufferPointer { ms in
+            for i in ms.indices {
+                switch ms[i].value {
+                case .object(let o):
+                    if let id = o.identity(idKey: idKey) {
+                        if let r = lookup(id) {
+                            ms[i].value = r
+                            changed = true
+                        }
+                    } else if let inner = Self.substitutingMembers(o.members, self, lookup) {
+                        ms[i].value = .object(JSONObject(inner))
+                        changed = true
+                    }
+                case .array:
+                    let (nv, c) = substituteAny(ms[i].value, lookup)
+                    if c {
+                        ms[i].value = nv
+                        changed = true
+                    }
+                default:
+                    break  // nothing below a scalar
+                }
             }
         }
         return changed
