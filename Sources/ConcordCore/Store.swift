@@ -489,6 +489,8 @@ final class Store {
 
     /// `apply`'s list of changed entities, kept (empty) between updates.
     private var changedScratch: [(String, EntityRecord?)] = []
+    /// The records a propagation refreshes, kept (empty) between propagations.
+    private var refreshScratch: [(id: String, record: EntityRecord)] = []
     /// An update's entity map, given back empty after its mutation
     /// (`reuse(_:)`) for the next update to fill: no allocation for it.
     private var spareEntityMap = EntityMap()
@@ -671,7 +673,16 @@ final class Store {
         // The written records are marked (never refreshed) once a referrer is
         // found: an update that nobody holds looks nothing more up.
         var writtenMarked = false
+        // The store's list, kept between propagations and emptied by
+        // `drain` (grown once, not per rename; and an array of pairs freed
+        // whole destroys them through the runtime's generic path, ~60
+        // instructions a post).
         var toRefresh: [(id: String, record: EntityRecord)] = []
+        swap(&toRefresh, &refreshScratch)
+        defer {
+            if !toRefresh.isEmpty { toRefresh.drain() }
+            if toRefresh.capacity <= 4096 { swap(&toRefresh, &refreshScratch) }
+        }
         // Whether a record to refresh holds another: only then does the
         // order matter (a referrer of the changed entities alone, the common
         // case, has no child to refresh first, and its children are not looked up).
