@@ -438,7 +438,10 @@ final class Store {
             if let p = partial.objectValue {
                 for member in p.members { base[member.key] = member.value }
             }
-            let result = tree.substituteNested(.object(base)) { mergedValue($0) }
+            // In place: `base` is this function's own copy (substituting a
+            // copy of it copied its members a second time).
+            tree.substituteMembersInPlace(&base.members) { mergedValue($0) }
+            let result = JSON.object(base)
             inProgress.removeLast()
             merged.set(id, result)
             return result
@@ -457,6 +460,17 @@ final class Store {
         // new value gained: when none did (a merge of a post's date, or of
         // an author it already had) there is nothing to search — the common
         // merge, which built two dictionaries and walked the graph for it.
+        // First, without building a list: whether any new value holds other
+        // entities than its record does (a merge of a post's date does not).
+        var differs = false
+        for (id, v) in newValues {
+            let old = entities[id]?.children ?? Children()
+            if tree.nestedEntities(v, unlessSameAs: old, scratch: &childrenScratch) != nil {
+                differs = true
+                break
+            }
+        }
+        guard differs else { return nil }
         var kids: [Children] = []
         kids.reserveCapacity(newValues.count)
         var gained = false
