@@ -11,16 +11,24 @@ struct VerbatimModelTests {
     /// Runs the same mutations, written compactly (spliced) or with a space
     /// inside each model (not verbatim: encoded), and returns every byte each
     /// connection received, and how many values were spliced.
-    func run(padded: Bool) -> (bytes: [Int: [UInt8]], spliced: Int) {
+    /// An engine with the internal checks on.
+    static func checkedEngine() -> Engine {
         var cfg = EngineConfiguration()
         cfg.internalChecks = true
-        let e = Engine(configuration: cfg)
-        var bytes: [Int: [UInt8]] = [:]
-        func pump() {
-            for (id, chunks) in e.takeOutput() {
-                for ch in chunks { bytes[id, default: []].append(contentsOf: UnsafeRawBufferPointer(start: ch.base, count: ch.count)) }
-            }
+        return Engine(configuration: cfg)
+    }
+
+    /// Appends what the engine handed each connection to `bytes`.
+    static func take(_ e: Engine, into bytes: inout [Int: [UInt8]]) {
+        for (id, chunks) in e.takeOutput() {
+            for ch in chunks { bytes[id, default: []].append(contentsOf: UnsafeRawBufferPointer(start: ch.base, count: ch.count)) }
         }
+    }
+
+    func run(padded: Bool) -> (bytes: [Int: [UInt8]], spliced: Int) {
+        let e = Self.checkedEngine()
+        var bytes: [Int: [UInt8]] = [:]
+        func pump() { Self.take(e, into: &bytes) }
         for c in 1...3 { e.open(c) }
         let model = #""model":"#
         func send(_ line: String, _ c: Int) {
@@ -59,9 +67,7 @@ struct VerbatimModelTests {
     /// each subscriber must get exactly the event a lone subscriber gets.
     @Test func aSharedEventIsTheEventALoneSubscriberGets() {
         func run(subscribers: Int) -> [UInt8] {
-            var cfg = EngineConfiguration()
-            cfg.internalChecks = true
-            let e = Engine(configuration: cfg)
+            let e = Self.checkedEngine()
             var bytes: [UInt8] = []
             func send(_ line: String, _ c: Int) {
                 e.handleLine(Array(line.utf8), from: c)
@@ -100,15 +106,9 @@ struct VerbatimModelTests {
     /// above), must be the bytes read one mutation at a time.
     @Test func reusedPayloadBuffersNeverChangeQueuedEvents() {
         func run(subscribers: Int, readEachTime: Bool) -> [Int: [UInt8]] {
-            var cfg = EngineConfiguration()
-            cfg.internalChecks = true
-            let e = Engine(configuration: cfg)
+            let e = Self.checkedEngine()
             var bytes: [Int: [UInt8]] = [:]
-            func pump() {
-                for (id, chunks) in e.takeOutput() {
-                    for ch in chunks { bytes[id, default: []].append(contentsOf: UnsafeRawBufferPointer(start: ch.base, count: ch.count)) }
-                }
-            }
+            func pump() { Self.take(e, into: &bytes) }
             for c in 1...(subscribers + 1) { e.open(c) }
             for c in 2...(subscribers + 1) {
                 e.handleLine(Array(#"{"op":"subscribe","sub":"k","key":"doc"}"#.utf8), from: c)
