@@ -508,14 +508,14 @@ final class Store {
     /// An update's entity map, given back empty after its mutation
     /// (`reuse(_:)`) for the next update to fill: no allocation for it.
     private var spareEntityMap = EntityMap()
+    /// Where a written record's nested entities are listed to be compared
+    /// with the ones it held (`Tree.nestedEntities(_:unlessSameAs:scratch:)`).
+    private var childrenScratch = Children()
 
     /// Takes back an update's entity map once nothing else holds it.
     func reuse(_ map: inout EntityMap) {
         if map.emptiedForReuse() { swap(&spareEntityMap, &map) }
     }
-    /// Where a written record's nested entities are listed to be compared
-    /// with the ones it held (`Tree.nestedEntities(_:unlessSameAs:scratch:)`).
-    private var childrenScratch = Children()
     /// `propagate`'s last lookup by identity (empty outside it).
     private var lastLookupID = ""
     private var lastLookupValue: JSON? = nil

@@ -104,7 +104,9 @@ struct Tree {
     /// a shared one is copied first, once); whether any was. Through the
     /// buffer: one uniqueness check for the array, not one per member
     /// written, and an entity member (an author in a post, the common
-    /// case) is replaced without a call returning a pair.
+    /// case) is replaced without a call returning a pair. (The object case
+    /// is `substituteAny`'s written out on purpose: through `substituteAny`
+    /// a rename of 100 posts costs 188k instructions instead of 167k.)
     @discardableResult
     func substituteMembersInPlace(_ members: inout [JSONObject.Member], _ lookup: (String) -> JSON?) -> Bool {
         var changed = false
