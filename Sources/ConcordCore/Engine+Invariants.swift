@@ -83,11 +83,19 @@ extension Engine {
         var held = Set(queries.views.values.map(ObjectIdentifier.init))
         for v in queries.retiring[queries.retiringHead...] { if let v { held.insert(ObjectIdentifier(v)) } }
         for v in queries.retiring[..<queries.retiringHead] where v != nil { note("query view \(v!.key) is unfiled but still held") }
+        // Every view the registry holds has a number, and only those do.
+        if queries.memberOf.registered != held.count { note("\(queries.memberOf.registered) views numbered for memberships, \(held.count) held") }
+        for v in queries.views.values where queries.memberOf.view(numbered: v.membershipNumber) !== v { note("query view \(v.key) has no number of its own") }
         for hi in 0..<queries.memberOf.handles {
             let h = UInt32(hi)
             let count = queries.memberOf.count(of: h)
             if count > 0 && queries.identities.names[hi].isEmpty { note("free handle \(h) has memberships") }
             for slot in 0..<count {
+                let number = queries.memberOf.number(h, slot: slot)
+                guard let numbered = queries.memberOf.view(numbered: number), numbered.membershipNumber == number else {
+                    note("\(queries.identities.names[hi]) is listed to view number \(number), which no view has")
+                    continue
+                }
                 let m = queries.memberOf[h, slot]
                 guard held.contains(ObjectIdentifier(m.view)) else {
                     note("\(queries.identities.names[hi]) is listed to a query view the registry no longer holds")

@@ -52,24 +52,57 @@ struct Membership {
 }
 
 /// Entity handle → the query views it is a member of, each with its node.
-/// One 16-byte entry per handle holds the first membership (most entities
-/// are in one view); the others are in an overflow list the entry points
-/// to. Each view's node knows its slot (``QueryView/Placed/slot``), so
-/// leaving is O(1).
+/// One 8-byte entry per handle: the view's number and its node when the
+/// entity is in one view (most are), or the number of an overflow list
+/// that holds all its memberships. Views are numbered here
+/// (``register(_:)``) while they can be listed (live or retiring): 4 bytes
+/// instead of an 8-byte reference, so an entry is half of what it was.
+/// Each view's node knows its slot (``QueryView/Placed/slot``), so leaving
+/// is O(1).
 struct Memberships {
+    /// `view` ≥ 0: the one membership (the view's number, its node); −1:
+    /// none; ≤ −2: overflow list `−2 − view` holds them all (slot i is its
+    /// element i).
     private struct Entry {
-        unowned(unsafe) var view: QueryView?
+        var view: Int32 = -1
         var node: Int32 = -1
-        /// Index in `overflow` of the second and later memberships, or -1.
-        var more: Int32 = -1
     }
     private var column: [Entry] = []
-    private var overflow: [[Membership]] = []
+    private var overflow: [[Entry]] = []
     private var freeOverflow: [Int32] = []
+    /// View number → the view (unowned: a view is unregistered before it goes).
+    private var views: [Unmanaged<QueryView>?] = []
+    private var freeViews: [Int32] = []
+    /// Views numbered now.
+    private(set) var registered = 0
 
     /// Handles it has an entry for.
     var handles: Int { column.count }
     var isEmpty: Bool { column.isEmpty }
+
+    /// Numbers a view, which may then be listed.
+    mutating func register(_ view: QueryView) {
+        let n: Int32
+        if let f = freeViews.popLast() {
+            n = f
+            views[Int(f)] = Unmanaged.passUnretained(view)
+        } else {
+            n = Int32(views.count)
+            views.append(Unmanaged.passUnretained(view))
+        }
+        view.membershipNumber = n
+        registered += 1
+    }
+
+    /// Gives a view's number back; no list may hold it any more.
+    mutating func unregister(_ view: QueryView) {
+        let n = view.membershipNumber
+        guard n >= 0, Int(n) < views.count, views[Int(n)]?.toOpaque() == Unmanaged.passUnretained(view).toOpaque() else { return }
+        views[Int(n)] = nil
+        freeViews.append(n)
+        view.membershipNumber = -1
+        registered -= 1
+    }
 
     /// Entries for handles `0 ..< n` (room for `reserve`, so that it grows as the handles' columns do).
     mutating func grow(to n: Int, reserve: Int) {
@@ -78,100 +111,135 @@ struct Memberships {
         while column.count < n { column.append(Entry()) }
     }
 
-    func count(of h: UInt32) -> Int {
+    @inline(__always)
+    private func membership(_ e: Entry) -> Membership {
+        Membership(view: views[Int(e.view)]!.takeUnretainedValue(), node: e.node)
+    }
+
+    /// The view number of `h`'s membership at `slot` (for the internal checks).
+    func number(_ h: UInt32, slot: Int) -> Int32 {
         let e = column[Int(h)]
-        guard e.view != nil else { return 0 }
-        return e.more < 0 ? 1 : 1 + overflow[Int(e.more)].count
+        return e.view >= 0 ? e.view : overflow[Int(-2 - e.view)][slot].view
+    }
+
+    /// The view numbered `n`, nil when none is (for the internal checks).
+    func view(numbered n: Int32) -> QueryView? {
+        n >= 0 && Int(n) < views.count ? views[Int(n)]?.takeUnretainedValue() : nil
+    }
+
+    func count(of h: UInt32) -> Int {
+        let v = column[Int(h)].view
+        return v >= 0 ? 1 : v == -1 ? 0 : overflow[Int(-2 - v)].count
     }
 
     subscript(h: UInt32, slot: Int) -> Membership {
         let e = column[Int(h)]
-        return slot == 0 ? Membership(view: e.view!, node: e.node) : overflow[Int(e.more)][slot - 1]
+        return e.view >= 0 ? membership(e) : membership(overflow[Int(-2 - e.view)][slot])
     }
 
     func forEach(_ h: UInt32, _ body: (Membership) -> Void) {
         let e = column[Int(h)]
-        guard let view = e.view else { return }
-        body(Membership(view: view, node: e.node))
-        if e.more >= 0 { for m in overflow[Int(e.more)] { body(m) } }
+        if e.view >= 0 {
+            body(membership(e))
+        } else if e.view <= -2 {
+            for m in overflow[Int(-2 - e.view)] { body(membership(m)) }
+        }
     }
 
-    /// Appends a membership; returns its slot.
+    /// Appends a membership of a registered view; returns its slot.
     mutating func append(_ h: UInt32, _ m: Membership) -> Int32 {
         let i = Int(h)
-        if column[i].view == nil {
-            column[i].view = m.view
-            column[i].node = m.node
+        let e = Entry(view: m.view.membershipNumber, node: m.node)
+        let c = column[i]
+        if c.view == -1 {
+            column[i] = e
             return 0
         }
-        if column[i].more < 0 {
-            if let f = freeOverflow.popLast() {
-                column[i].more = f
-            } else {
-                column[i].more = Int32(overflow.count)
+        if c.view >= 0 {
+            // A second membership: both go to an overflow list (the first keeps slot 0).
+            let k: Int32
+            if let f = freeOverflow.popLast() { k = f } else {
+                k = Int32(overflow.count)
                 overflow.append([])
             }
+            overflow[Int(k)].append(c)
+            overflow[Int(k)].append(e)
+            column[i] = Entry(view: -2 - k, node: -1)
+            return 1
         }
-        overflow[Int(column[i].more)].append(m)
-        return Int32(overflow[Int(column[i].more)].count)
+        let k = Int(-2 - c.view)
+        overflow[k].append(e)
+        return Int32(overflow[k].count - 1)
     }
 
     /// Removes the membership at `slot` by moving the last one into its
     /// place; returns the one moved (now at `slot`), if any.
     mutating func remove(_ h: UInt32, at slot: Int) -> Membership? {
         let i = Int(h)
-        let more = Int(column[i].more)
-        guard more >= 0 else {
+        let c = column[i]
+        guard c.view <= -2 else {
             // Its only membership (slot 0).
             column[i] = Entry()
             return nil
         }
-        let last = overflow[more].removeLast()
-        let lastSlot = overflow[more].count + 1
-        if overflow[more].isEmpty { releaseOverflow(i) }
-        if slot == lastSlot { return nil }
-        if slot == 0 {
-            column[i].view = last.view
-            column[i].node = last.node
-        } else {
-            overflow[more][slot - 1] = last
-        }
-        return last
+        let k = Int(-2 - c.view)
+        let last = overflow[k].removeLast()
+        let moved = slot < overflow[k].count
+        if moved { overflow[k][slot] = last }
+        // One left: back into the entry (it is at slot 0 either way).
+        if overflow[k].count <= 1 { collapse(i) }
+        return moved ? membership(last) : nil
     }
 
     /// No memberships for `h`, its overflow list kept (emptied) for
     /// appends that follow; ``trim(_:)`` lets it go if they did not need it.
     mutating func empty(_ h: UInt32) {
         let i = Int(h)
-        column[i].view = nil
-        column[i].node = -1
-        if column[i].more >= 0 { overflow[Int(column[i].more)].removeAll(keepingCapacity: true) }
+        if column[i].view <= -2 {
+            overflow[Int(-2 - column[i].view)].removeAll(keepingCapacity: true)
+        } else {
+            column[i] = Entry()
+        }
     }
 
-    /// Lets `h`'s overflow list go when it holds nothing.
+    /// Lets `h`'s overflow list go when it holds one membership or none.
     mutating func trim(_ h: UInt32) {
         let i = Int(h)
-        if column[i].more >= 0 && overflow[Int(column[i].more)].isEmpty { releaseOverflow(i) }
+        if column[i].view <= -2 && overflow[Int(-2 - column[i].view)].count <= 1 { collapse(i) }
     }
 
     /// No memberships for `h`.
     mutating func clear(_ h: UInt32) {
         let i = Int(h)
-        if column[i].more >= 0 { releaseOverflow(i) }
+        if column[i].view <= -2 { releaseOverflow(Int32(-2 - column[i].view)) }
         column[i] = Entry()
     }
 
-    private mutating func releaseOverflow(_ i: Int) {
-        let more = column[i].more
-        overflow[Int(more)] = []
-        freeOverflow.append(more)
-        column[i].more = -1
+    /// An overflow list of at most one membership back into the entry.
+    private mutating func collapse(_ i: Int) {
+        let k = -2 - column[i].view
+        column[i] = overflow[Int(k)].first ?? Entry()
+        releaseOverflow(k)
     }
 
-    mutating func removeAll() {
+    private mutating func releaseOverflow(_ k: Int32) {
+        overflow[Int(k)] = []
+        freeOverflow.append(k)
+    }
+
+    /// Every list (no handle is left); the views keep their numbers.
+    mutating func removeAllLists() {
         column = []
         overflow = []
         freeOverflow = []
+    }
+
+    /// Every list and every view's number (`clear`: no view is left).
+    mutating func removeAll() {
+        removeAllLists()
+        views = []
+        freeViews = []
+        registered = 0
     }
 }
 
@@ -260,6 +328,7 @@ extension Engine {
         let spec = QueryView.unwindowed(p.spec)
         let view = QueryView(key: key, spec: spec, condition: p.condition, large: p.isLarge,
                              identities: queries.identities, visitAllUpTo: configuration.internalChecks ? 0 : 8)
+        queries.memberOf.register(view)
         let names = queries.identities
         view.builtAt = seq
         let tq = typeQueries(spec.type)
@@ -360,7 +429,7 @@ extension Engine {
     private func freeHandle(_ h: UInt32) {
         queries.memberOf.clear(h)
         queries.identities.remove(h)
-        if queries.identities.count == 0 { queries.memberOf.removeAll() }
+        if queries.identities.count == 0 { queries.memberOf.removeAllLists() }
     }
 
     /// Gives up the handles of a type whose last view went: at once when
@@ -369,7 +438,7 @@ extension Engine {
         let ids = queries.identities
         if tq.entities.count == ids.count {
             ids.removeAll()
-            queries.memberOf.removeAll()
+            queries.memberOf.removeAllLists()
         } else {
             queries.releasing.append(contentsOf: tq.entities)
         }
@@ -491,6 +560,7 @@ extension Engine {
             view.unfileCursor = 0
             guard let tq = queries.types[view.spec.type] else {
                 letGo(view)
+                queries.memberOf.unregister(view)
                 queries.retiring[queries.retiringHead] = nil
                 queries.retiringHead += 1
                 used += 8
@@ -545,6 +615,7 @@ extension Engine {
             }
             // Unfiled: let go (freed now, with this slice).
             letGo(view)
+            queries.memberOf.unregister(view)
             queries.retiring[queries.retiringHead] = nil
             queries.retiringHead += 1
             used += 8

@@ -72,6 +72,8 @@ final class QueryView {
     /// Dropped: no longer found by definition, skipped by updates, and being
     /// unfiled from the indexes in slices (Engine+Queries, deferred work).
     var retired = false
+    /// Its number in the engine's membership lists (``Memberships/register(_:)``), −1 when it has none.
+    var membershipNumber: Int32 = -1
     /// The seq when it was built, and of the last mutation that concerned
     /// one of its members (`since`, §3.2: a window's contents follow from these).
     var builtAt = 0

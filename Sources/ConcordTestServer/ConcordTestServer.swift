@@ -53,8 +53,9 @@ public final class ConcordTestServer: @unchecked Sendable {
     /// - Parameters:
     ///   - arguments: more `concord-server` options (`--socket` is set here).
     ///   - socketName: the socket's file name in the directory.
-    ///   - directory: reuse this directory (the same socket path as an earlier
-    ///     server, e.g. to restart it); it is then not removed.
+    ///   - directory: use this directory (the same socket path as an earlier
+    ///     server, e.g. to restart it). A directory that already exists is
+    ///     not removed; one this server creates is, as its own would be.
     ///   - environment: added to this process's environment.
     public init(arguments: [String] = [], socketName: String = "s.sock", directory: URL? = nil,
                 environment: [String: String] = [:]) throws {
@@ -64,7 +65,10 @@ public final class ConcordTestServer: @unchecked Sendable {
         }
         self.directory = directory ?? URL(fileURLWithPath: NSTemporaryDirectory())
             .appendingPathComponent("concord-\(UUID().uuidString.prefix(8))")
-        ownsDirectory = directory == nil
+        // Whoever created the directory removes it: a restart in the
+        // directory of a server already gone (which removed it) recreates it,
+        // and left it behind.
+        ownsDirectory = !FileManager.default.fileExists(atPath: self.directory.path)
         try FileManager.default.createDirectory(at: self.directory, withIntermediateDirectories: true)
         socketPath = self.directory.appendingPathComponent(socketName).path
         stderrURL = self.directory.appendingPathComponent("stderr-\(UUID().uuidString.prefix(4)).log")

@@ -609,3 +609,77 @@ import Testing
         #expect(ids.count == 0 && ids.capacity == 0)
     }
 }
+
+/// ``Memberships``: an entity's views in one 8-byte entry, or in an overflow
+/// list from the second on; checked against a plain model through random
+/// appends, removals (the last moving into the hole), rebuilds and views
+/// numbered, dropped and numbered again.
+@Suite struct MembershipsTests {
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func listsFollowAPlainModel(seed: UInt64) {
+        var rng = SeededRandom(seed: seed)
+        let ids = Identities()
+        var views: [QueryView] = (0..<6).map {
+            QueryView(key: "v\($0)", spec: QuerySpec(type: "T"), condition: nil, identities: ids)
+        }
+        var m = Memberships()
+        for v in views { m.register(v) }
+        let handles = 5
+        m.grow(to: handles, reserve: handles)
+        // The model: per handle, (view, node) in slot order.
+        var model: [[(QueryView, Int32)]] = Array(repeating: [], count: handles)
+        func check() {
+            for h in 0..<handles {
+                #expect(m.count(of: UInt32(h)) == model[h].count)
+                for (slot, (v, node)) in model[h].enumerated() {
+                    let got = m[UInt32(h), slot]
+                    #expect(got.view === v && got.node == node, "handle \(h) slot \(slot)")
+                }
+            }
+            #expect(m.registered == views.count)
+        }
+        for step in 0..<3000 {
+            let h = Int.random(in: 0..<handles, using: &rng)
+            switch Int.random(in: 0..<10, using: &rng) {
+            case 0..<4:
+                let v = views.randomElement(using: &rng)!
+                let node = Int32(step)
+                #expect(m.append(UInt32(h), Membership(view: v, node: node)) == Int32(model[h].count))
+                model[h].append((v, node))
+            case 4..<7:
+                guard !model[h].isEmpty else { continue }
+                let slot = Int.random(in: 0..<model[h].count, using: &rng)
+                let moved = m.remove(UInt32(h), at: slot)
+                let last = model[h].removeLast()
+                if slot < model[h].count {
+                    model[h][slot] = last
+                    #expect(moved?.view === last.0 && moved?.node == last.1)
+                } else {
+                    #expect(moved == nil)
+                }
+            case 7:
+                // An update's rebuild: emptied, appended again, trimmed.
+                m.empty(UInt32(h))
+                let again = model[h].filter { _ in Bool.random(using: &rng) }
+                model[h] = []
+                for (v, node) in again {
+                    #expect(m.append(UInt32(h), Membership(view: v, node: node)) == Int32(model[h].count))
+                    model[h].append((v, node))
+                }
+                m.trim(UInt32(h))
+            case 8:
+                m.clear(UInt32(h))
+                model[h] = []
+            default:
+                // A view no list holds any more gives its number back; a new one takes it.
+                let held = Set(model.flatMap { $0.map { ObjectIdentifier($0.0) } })
+                guard let i = views.indices.first(where: { !held.contains(ObjectIdentifier(views[$0])) }) else { continue }
+                m.unregister(views[i])
+                #expect(views[i].membershipNumber == -1)
+                views[i] = QueryView(key: "n\(step)", spec: QuerySpec(type: "T"), condition: nil, identities: ids)
+                m.register(views[i])
+            }
+            check()
+        }
+    }
+}
