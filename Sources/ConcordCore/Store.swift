@@ -679,6 +679,21 @@ final class Store {
         except rewrittenDocument: String? = nil,
         into change: inout StoreChange
     ) {
+        // The common update: what changed is held by no entity (a post, a
+        // document's root entity). Only documents and collections that hold
+        // it change; the walk's bookkeeping below is not set up.
+        if extraSeeds.isEmpty && extraDocs.isEmpty && deleted.isEmpty
+            && !changed.contains(where: { ($0.1?.held ?? EntityRecord.heldByEntities) & EntityRecord.heldByEntities != 0 }) {
+            var docs = IDSet()
+            if !documentReferrers.isEmpty {
+                for (id, rec) in changed where rec!.held & EntityRecord.heldByDocuments != 0 {
+                    if let holders = documentReferrers[id] { docs.formUnion(holders.keys) }
+                }
+            }
+            refreshInCollections(change.valueChanged)
+            refreshHolders(docs, except: rewrittenDocument, deleted: deleted, into: &change)
+            return
+        }
         // Upward closure through referrers, marked on the records (a
         // referrer is resident: the index is kept from resident records'
         // children; deleted records are gone from `entities` by now).
@@ -782,6 +797,12 @@ final class Store {
         for (id, rec) in toRefresh { refresh(id, rec) }
         if !deleted.isEmpty { removeFromCollections(deleted) }
         refreshInCollections(change.valueChanged)
+        refreshHolders(docs, except: rewrittenDocument, deleted: deleted, into: &change)
+    }
+
+    /// Re-materializes the documents in `docs` (they hold a changed or
+    /// deleted entity), but not `rewrittenDocument` (the update writes it).
+    private func refreshHolders(_ docs: IDSet, except rewrittenDocument: String?, deleted: Set<String>, into change: inout StoreChange) {
         for key in docs where key != rewrittenDocument {
             guard let doc = documents[key] else { continue }
             let old = doc.value

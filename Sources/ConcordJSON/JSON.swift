@@ -215,23 +215,39 @@ struct Decimal10: Equatable {
 
 extension JSON: Equatable {
     /// Deep JSON equality: member order does not matter, numbers compare by value.
+    ///
+    /// One `switch` per side, members read in place through their buffers:
+    /// a `switch` over the pair `(lhs, rhs)` copied both values into it, and
+    /// reading `members[i]` copied each member out (~10 copies and as many
+    /// destroys per update, comparing a document with its previous version).
     public static func == (lhs: JSON, rhs: JSON) -> Bool {
-        switch (lhs, rhs) {
-        case (.null, .null): return true
-        case let (.bool(a), .bool(b)): return a == b
-        case let (.number(a), .number(b)): return a.isEqualByValue(b)
-        case let (.string(a), .string(b)): return sameText(a, b)
-        case let (.array(a), .array(b)):
-            guard a.count == b.count else { return false }
-            // Copy-on-write sharing: one buffer is one value (the common case
-            // when comparing a tree with its previous version).
-            if sameBuffer(a, b) { return true }
-            for i in a.indices where !(a[i] == b[i]) { return false }
-            return true
-        case let (.object(a), .object(b)):
-            return a == b
-        default:
-            return false
+        switch lhs {
+        case .null:
+            if case .null = rhs { return true }
+        case .bool(let a):
+            if case .bool(let b) = rhs { return a == b }
+        case .number(let a):
+            if case .number(let b) = rhs { return a.isEqualByValue(b) }
+        case .string(let a):
+            if case .string(let b) = rhs { return sameText(a, b) }
+        case .array(let a):
+            if case .array(let b) = rhs { return sameElements(a, b) }
+        case .object(let a):
+            if case .object(let b) = rhs { return a == b }
+        }
+        return false
+    }
+
+    private static func sameElements(_ a: [JSON], _ b: [JSON]) -> Bool {
+        a.withUnsafeBufferPointer { x in
+            b.withUnsafeBufferPointer { y in
+                guard x.count == y.count else { return false }
+                // Copy-on-write sharing: one buffer is one value (the common
+                // case when comparing a tree with its previous version).
+                if x.count == 0 || x.baseAddress == y.baseAddress { return true }
+                for i in 0 ..< x.count where !(x[i] == y[i]) { return false }
+                return true
+            }
         }
     }
 }
@@ -245,36 +261,39 @@ public func sameBuffer<T>(_ a: [T], _ b: [T]) -> Bool {
 
 extension JSONObject: Equatable {
     public static func == (lhs: JSONObject, rhs: JSONObject) -> Bool {
-        let a = lhs.members, b = rhs.members
-        guard a.count == b.count else { return false }
-        if sameBuffer(a, b) { return true }
-        // Same order is the common case: a linear pass decides it.
-        var sameOrder = true
-        for i in a.indices where !sameText(a[i].key, b[i].key) {
-            sameOrder = false
-            break
-        }
-        if sameOrder {
-            for i in a.indices where !(a[i].value == b[i].value) { return false }
-            return true
-        }
-        if a.count <= 16 {
-            outer: for m in a {
-                for n in b where n.key == m.key {
-                    if !(m.value == n.value) { return false }
-                    continue outer
+        lhs.members.withUnsafeBufferPointer { a in
+            rhs.members.withUnsafeBufferPointer { b in
+                guard a.count == b.count else { return false }
+                if a.count == 0 || a.baseAddress == b.baseAddress { return true }
+                // Same order is the common case: a linear pass decides it.
+                var sameOrder = true
+                for i in 0 ..< a.count where !sameText(a[i].key, b[i].key) {
+                    sameOrder = false
+                    break
                 }
-                return false
+                if sameOrder {
+                    for i in 0 ..< a.count where !(a[i].value == b[i].value) { return false }
+                    return true
+                }
+                if a.count <= 16 {
+                    outer: for i in 0 ..< a.count {
+                        for j in 0 ..< b.count where sameText(b[j].key, a[i].key) {
+                            if !(a[i].value == b[j].value) { return false }
+                            continue outer
+                        }
+                        return false
+                    }
+                    return true
+                }
+                var index: [String: Int] = [:]
+                index.reserveCapacity(b.count)
+                for j in 0 ..< b.count { index[b[j].key] = j }
+                for i in 0 ..< a.count {
+                    guard let j = index[a[i].key], a[i].value == b[j].value else { return false }
+                }
+                return true
             }
-            return true
         }
-        var index: [String: Int] = [:]
-        index.reserveCapacity(b.count)
-        for (i, n) in b.enumerated() { index[n.key] = i }
-        for m in a {
-            guard let i = index[m.key], m.value == b[i].value else { return false }
-        }
-        return true
     }
 }
 

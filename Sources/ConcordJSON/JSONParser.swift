@@ -191,6 +191,12 @@ struct ParserState {
             return .object(JSONObject())
         }
         let base = memberStack.count
+        // Names seen so far, one bit each from their length and end bytes:
+        // a repeated name is looked for only when its bit is set (the check
+        // compared every pair of names). An escaped name (its bytes are not
+        // its text) turns the filter off for the rest of the object.
+        var seen: UInt64 = 0
+        var filter = true
         while true {
             skipWhitespace()
             guard pos < buf.count, buf[pos] == UInt8(ascii: "\"") else {
@@ -209,8 +215,20 @@ struct ParserState {
                name.indices.allSatisfy({ buf[keyStart + $0] == name[$0] }) {
                 captured = irregular == irregularBefore ? valueStart ..< pos : nil
             }
+            var mayRepeat = true
+            if filter {
+                let n = keyEnd - keyStart
+                if n == key.utf8.count {
+                    let ends = n == 0 ? 0 : Int(buf[keyStart]) &* 7 &+ Int(buf[keyEnd - 1]) &* 13
+                    let bit = UInt64(1) &<< UInt64((n &* 31 &+ ends) & 63)
+                    mayRepeat = seen & bit != 0
+                    seen |= bit
+                } else {
+                    filter = false
+                }
+            }
             // Last one wins; linear check is fine for the small objects models are made of.
-            if memberStack.count - base < 32, let i = memberStack.lastIndex(from: base, where: { sameText($0.key, key) }) {
+            if mayRepeat, memberStack.count - base < 32, let i = memberStack.lastIndex(from: base, where: { sameText($0.key, key) }) {
                 irregular &+= 1
                 memberStack[i].value = value
             } else {
