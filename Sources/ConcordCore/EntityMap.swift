@@ -35,6 +35,7 @@ struct EntityMap: Sequence {
 
     /// The `i`th identity added.
     func id(at i: Int) -> String { entries[i].id }
+    func value(at i: Int) -> JSON { entries[i].value }
 
     subscript(id: String) -> JSON? { position(id).map { entries[$0].value } }
 
@@ -76,7 +77,10 @@ struct EntityMap: Sequence {
     /// back a map nothing else holds.)
     mutating func emptiedForReuse() -> Bool {
         guard index == nil, entries.capacity <= 64, !entries.isEmpty else { return false }
-        entries.removeAll(keepingCapacity: true)
+        // Element by element in this module's code (`removeAll(keepingCapacity:)`
+        // went through the generic `replaceSubrange`, ~75 instructions and a
+        // generic destroy of the pairs).
+        entries.drain()
         return true
     }
 }

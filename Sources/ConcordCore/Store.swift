@@ -462,15 +462,32 @@ final class Store {
         // merge, which built two dictionaries and walked the graph for it.
         // First, without building a list: whether any new value holds other
         // entities than its record does (a merge of a post's date does not).
-        var differs = false
-        for (id, v) in newValues {
+        // A cycle also takes an edge to an entity that holds others: when
+        // every edge gained leads to one that holds none in the new graph
+        // (an author, in a post that changes authors), there is no search
+        // either. Only a gained edge that fails this starts the search below.
+        var mustSearch = false
+        search: for (id, v) in newValues {
             let old = entities[id]?.children ?? Children()
-            if tree.nestedEntities(v, unlessSameAs: old, scratch: &childrenScratch) != nil {
-                differs = true
-                break
+            guard tree.nestedEntitiesDiffer(v, from: old, scratch: &childrenScratch) else { continue }
+            for child in childrenScratch.keys where !old.contains(child) {
+                if sameText(child, id) {
+                    mustSearch = true
+                    break search
+                }
+                let holdsOthers: Bool
+                if let i = newValues.index(of: child) {
+                    holdsOthers = tree.nestsAnEntity(newValues.value(at: i))
+                } else {
+                    holdsOthers = !(entities[child]?.children.isEmpty ?? true)
+                }
+                if holdsOthers {
+                    mustSearch = true
+                    break search
+                }
             }
         }
-        guard differs else { return nil }
+        guard mustSearch else { return nil }
         var kids: [Children] = []
         kids.reserveCapacity(newValues.count)
         var gained = false

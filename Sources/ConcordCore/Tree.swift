@@ -198,6 +198,38 @@ struct Tree {
         return scratch == old ? nil : scratch.copied()
     }
 
+    /// Whether `value` nests other entities than `old` lists; the list is
+    /// left in `scratch` (emptied first) and nothing is copied.
+    func nestedEntitiesDiffer(_ value: JSON, from old: Children, scratch: inout Children) -> Bool {
+        scratch.removeAll()
+        defer { if scratch.count > 256 { scratch = Children() } }
+        nestedEntities(value, into: &scratch)
+        return scratch != old
+    }
+
+    /// Whether `value` nests any entity (not `value` itself): a walk that
+    /// stops at the first, with no list.
+    func nestsAnEntity(_ value: JSON) -> Bool {
+        func walk(_ v: JSON, top: Bool) -> Bool {
+            switch v {
+            case .object(let o):
+                if !top, o.identity(idKey: idKey) != nil { return true }
+                let members = o.members
+                for i in members.indices where members[i].value.isContainer {
+                    if walk(members[i].value, top: false) { return true }
+                }
+            case .array(let a):
+                for i in a.indices where a[i].isContainer {
+                    if walk(a[i], top: false) { return true }
+                }
+            default:
+                break
+            }
+            return false
+        }
+        return walk(value, top: true)
+    }
+
     /// `topEntities(value)` when they differ from `old`, nil when they are the same list (as above).
     func topEntities(_ value: JSON, unlessSameAs old: Children, scratch: inout Children) -> Children? {
         if let id = value.identity(idKey: idKey) { return old.isOnly(id) ? nil : Children(id) }
@@ -586,8 +618,8 @@ struct Children: Sequence, Equatable, CustomStringConvertible {
 
     func makeIterator() -> IndexingIterator<[(id: String, count: Int)]> { list.makeIterator() }
 
-    /// Empties the list, keeping its storage (a scratch list).
-    mutating func removeAll() { list.removeAll(keepingCapacity: true) }
+    /// Empties the list, keeping its storage (a scratch list; element by element: see `drain`).
+    mutating func removeAll() { list.drain() }
 
     /// The same list in storage of its own, exactly as large (a scratch
     /// list's storage stays with the scratch).

@@ -113,6 +113,26 @@ struct ConsistencyTests {
         #expect(a.send(#"{"op":"ping"}"#)["seq"] == 1)
     }
 
+    /// The cycle search is skipped when every edge a merge gains leads to an
+    /// entity that holds none; these are cases where it must not be. (An
+    /// identity repeated within one request is one value, the last one
+    /// written: no cycle is stored that way.)
+    @Test func mergeCyclesThroughStoredChainsAreRejected() {
+        let h = EngineHarness()
+        let a = h.connect()
+        a.ok(#"{"op":"update","model":{"id":"A","b":{"id":"B","c":{"id":"C"}}}}"#)
+        // C gains an edge to A, which holds B, which holds C.
+        #expect(a.error(#"{"op":"update","mode":"merge","model":{"id":"C","a":{"id":"A"}}}"#) == "bad_request")
+        // B gains an edge to A, which holds B (A's merged value keeps it).
+        #expect(a.error(#"{"op":"update","mode":"merge","model":{"id":"B","up":{"id":"A","n":1}}}"#) == "bad_request")
+        #expect(a.send(#"{"op":"ping"}"#)["seq"] == 1)
+        // Gaining an edge to an entity that holds others is no cycle when
+        // they do not lead back; to one that holds none, neither.
+        a.ok(#"{"op":"update","mode":"merge","model":{"id":"D","a":{"id":"A"}}}"#)
+        a.ok(#"{"op":"update","mode":"merge","model":{"id":"C","leaf":{"id":"L","name":"l"}}}"#)
+        #expect(a.send(#"{"op":"get","id":"D"}"#)["model"] == json(#"{"id":"D","a":{"id":"A","b":{"id":"B","c":{"id":"C","leaf":{"id":"L","name":"l"}}}}}"#))
+    }
+
     @Test func batchSendsAtMostOneEventPerView() {
         let h = EngineHarness()
         let a = h.connect()
