@@ -1028,17 +1028,36 @@ final class Store {
 
     private func adjustReferrer(of child: String, entity: String, _ record: EntityRecord, by n: Int) {
         let held = referrers.modify(child, default: [:]) { holders in
-            let v = (holders[entity]?.count ?? 0) + n
-            holders[entity] = v > 0 ? Holding(record: record, count: v) : nil
+            // One hash of `entity` (the dictionary's SipHash, ~200
+            // instructions for an identity): a lookup then a write hashed twice.
+            if n < 0 {
+                if let i = holders.index(forKey: entity) {
+                    let v = holders.values[i].count + n
+                    if v > 0 { holders.values[i].count = v } else { holders.remove(at: i) }
+                }
+            } else if n > 0 {
+                Self.add(n, record, to: &holders[entity, default: Holding(record: record, count: 0)])
+            }
             return !holders.isEmpty
         }
         entities[child]?.setHeld(EntityRecord.heldByEntities, held)
     }
 
+    @inline(__always)
+    private static func add(_ n: Int, _ record: EntityRecord, to h: inout Holding) {
+        h = Holding(record: record, count: h.count + n)
+    }
+
     private func adjustDocumentReferrer(of child: String, key: String, by n: Int) {
         let held = documentReferrers.modify(child, default: [:]) { holders in
-            let v = (holders[key] ?? 0) + n
-            holders[key] = v > 0 ? v : nil
+            if n < 0 {
+                if let i = holders.index(forKey: key) {
+                    let v = holders.values[i] + n
+                    if v > 0 { holders.values[i] = v } else { holders.remove(at: i) }
+                }
+            } else if n > 0 {
+                holders[key, default: 0] += n
+            }
             return !holders.isEmpty
         }
         entities[child]?.setHeld(EntityRecord.heldByDocuments, held)
