@@ -309,7 +309,7 @@ extension Engine {
         let requiredFn: (String) -> Set<String>? = { self.store.requiredMembers($0) }
         for e in effects {
             if !idsFresh {
-                ids = Set(tree.identities(t).order)
+                ids = tree.identitySet(t, expected: ids.count)
                 idsFresh = true
             }
             switch e {
@@ -334,7 +334,7 @@ extension Engine {
                 }
             }
         }
-        if !idsFresh { ids = Set(tree.identities(t).order) }
+        if !idsFresh { ids = tree.identitySet(t, expected: ids.count) }
         result.newIDs = ids
         let changed = t != view.tree
         view.tree = t

@@ -22,7 +22,7 @@ extension Engine {
             if refresh || since != nil {
                 value = tree.substituteKnown(model) { store.entity($0) }
             }
-            let view = ModelView(tree: value, ids: Set(tree.identities(value).order))
+            let view = ModelView(tree: value, ids: tree.identitySet(value))
             let s = SubscriptionRecord(client: c, name: name, kind: .model(view))
             view.sub = s
             for id in view.ids { modelWatchers[id, default: [:]][ObjectIdentifier(view)] = view }

@@ -363,6 +363,27 @@ struct Tree {
         return (order, values)
     }
 
+    /// The identities of a tree, as a set (room for `expected`): a model
+    /// view's after each change. `identities(_:)` also built their order
+    /// and a dictionary of their values, hashing each twice, to be dropped.
+    func identitySet(_ value: JSON, expected: Int = 0) -> Set<String> {
+        var ids = Set<String>(minimumCapacity: expected)
+        func walk(_ v: JSON) {
+            switch v {
+            case .object(let o):
+                if let id = o.identity(idKey: idKey) { ids.insert(id) }
+                let members = o.members
+                for i in members.indices where members[i].value.isContainer { walk(members[i].value) }
+            case .array(let a):
+                for i in a.indices where a[i].isContainer { walk(a[i]) }
+            default:
+                break
+            }
+        }
+        walk(value)
+        return ids
+    }
+
     /// Every occurrence of an identity in pre-order, with its value.
     func occurrences(_ value: JSON, into out: inout [(id: String, value: JSON)]) {
         switch value {
