@@ -251,6 +251,8 @@ extension Request {
     }
 
     static func options(token t: JSON?, context: JSON?, origin: JSON?, ifUnchangedSince: JSON?) throws(ProtocolError) -> MutationOptions {
+        // Most mutations carry none (~350 instructions through the checks below).
+        if case .none = t, case .none = context, case .none = origin, case .none = ifUnchangedSince { return MutationOptions() }
         let token = try Members.optionalString(t, "token")
         if let token, token.utf8.count > Request.maxTokenBytes {
             throw ProtocolError(.badRequest, "member 'token' is \(token.utf8.count) bytes; at most \(Request.maxTokenBytes)")
