@@ -121,7 +121,7 @@ let package = Package(
         .testTarget(name: "ConcordCoreTests", dependencies: ["ConcordCore", "ConcordProtocol", "ConcordJSON", "ConcordTestSupport"], swiftSettings: swiftSettings),
         .testTarget(
             name: "ConcordBackendTests",
-            dependencies: ["ConcordServer", "ConcordJSON", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["ConcordServer", "ConcordJSON", "ConcordTestSupport", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings
         ),
         // The README's SDK snippet, compiled and run (a snippet that stops compiling fails CI).

@@ -9,7 +9,7 @@
 # run from a copy made with `objcopy --strip-debug`.
 #   usage: scripts/instructions-vs-redis.py CONCORD_SERVER [REDIS_SERVER] [--subs 1,10,100] [-n 2000]
 # Fails (exit 1) when a run measured nothing.
-import json, os, re, signal, socket, subprocess, sys, tempfile, threading, time
+import json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 
 args = [a for a in sys.argv[1:]]
 def opt(name, default):
@@ -142,6 +142,7 @@ def main():
         cond = (run_concord_sequential(stripped, n, d, True) - run_concord_sequential(stripped, 0, d, True)) / n
         if plain <= 0 or cond <= 0: sys.exit(f"measured nothing; logs in {d}")
         print(f"one update at a time, 1 key subscriber: plain {plain:,.0f}, with if_unchanged_since {cond:,.0f} instructions ({cond - plain:+,.0f})")
+        shutil.rmtree(d, ignore_errors=True)
         return
     print(f"{'subscribers':>11} | {'Concord instr/update':>20} | {'Redis instr/PUBLISH':>19} | ratio")
     failed = False
@@ -152,7 +153,9 @@ def main():
         if c <= 0 or r <= 0:
             print(f"{s:>11} | measured nothing (concord {c:.0f}, redis {r:.0f}); logs in {d}"); failed = True; continue
         print(f"{s:>11} | {c:>20,.0f} | {r:>19,.0f} | {c / r:.2f}x", flush=True)
-    sys.exit(1 if failed else 0)
+    if failed: sys.exit(1)
+    # Measured: the profiles (~30 MB) go; a failed run keeps them for its logs.
+    shutil.rmtree(d, ignore_errors=True)
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,6 @@
 import ConcordJSON
 import ConcordServer
+import ConcordTestSupport
 import Foundation
 import Logging
 import Testing
@@ -15,9 +16,7 @@ struct BackendContractTests {
     static let logger = Logger(label: "concord.test")
 
     static func tempDir() -> String {
-        let d = NSTemporaryDirectory() + "concord-backend-\(UUID().uuidString.prefix(8))"
-        try? FileManager.default.createDirectory(atPath: d, withIntermediateDirectories: true)
-        return d
+        TestDirectories.make("concord-backend")
     }
 
     static func open(_ spec: String, _ config: String = "{}") throws -> Backend {

@@ -1,5 +1,6 @@
 import ConcordJSON
 import ConcordTestServer
+import ConcordTestSupport
 import Foundation
 import Testing
 
@@ -11,9 +12,7 @@ import Glibc
 @Suite(.serialized)
 struct PersistenceTests {
     static func tempPath(_ name: String) -> String {
-        let d = NSTemporaryDirectory() + "concord-p-\(UUID().uuidString.prefix(8))"
-        try? FileManager.default.createDirectory(atPath: d, withIntermediateDirectories: true)
-        return d + "/" + name
+        TestDirectories.make("concord-p") + "/" + name
     }
 
     @Test func restartServesTheSameDocumentWithCurrentEntities() throws {
