@@ -60,13 +60,18 @@ cat > "$work/app/Sources/App/main.swift" <<'SWIFT'
 import ConcordClient
 import ConcordTestServer
 
-let server = try ConcordTestServer()
-let name = try await senderAfterRename(socket: server.socketPath)
-let client = try await ConcordClient.connect(socketPath: server.socketPath)
-_ = try await increment(client, 1)
-let n = try await increment(client, 1)
-client.close()
-let status = server.stop()
+// In a function, not at the top level: a global is never released, and the
+// server's temporary directory goes when the object does.
+func run() async throws -> (name: String?, n: Int, status: Int32) {
+    let server = try ConcordTestServer()
+    let name = try await senderAfterRename(socket: server.socketPath)
+    let client = try await ConcordClient.connect(socketPath: server.socketPath)
+    _ = try await increment(client, 1)
+    let n = try await increment(client, 1)
+    client.close()
+    return (name, n, server.stop())
+}
+let (name, n, status) = try await run()
 guard name == "Ann B.", n == 2, status == 0 else {
     print("outside-package test: expected \"Ann B.\", 2 and exit 0, got \(name ?? "nil"), \(n) and \(status)")
     exit(1)

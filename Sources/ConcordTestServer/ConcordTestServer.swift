@@ -14,7 +14,9 @@ import Glibc
 ///
 /// The server runs until ``stop(timeout:)`` or until the object goes away
 /// (then it is killed), and its temporary directory is removed with it. Its
-/// standard error (the log) is in ``stderr``.
+/// standard error (the log) is in ``stderr``, readable after ``stop(timeout:)``
+/// too. Hold it in a local or a test's property, not a global: a global
+/// (top-level code) is never released, so its directory would stay.
 ///
 /// The binary: `$CONCORD_SERVER_BIN`, else `concord-server` next to the
 /// running test executable (`swift build` puts both in `.build/<config>/`
