@@ -26,10 +26,18 @@ struct Tree {
     /// reused); returns whether some identity occurs more than once.
     func flattenCounting(_ root: JSON, into winners: inout EntityMap) -> Bool {
         var repeated = false
+        forEachEntity(root) { id, v in if !winners.set(id, v) { repeated = true } }
+        return repeated
+    }
+
+    /// `body` with the identity and value of every entity in `value`
+    /// (itself included), in pre-order; only containers are entered.
+    @inline(__always)
+    func forEachEntity(_ value: JSON, _ body: (String, JSON) -> Void) {
         func walk(_ v: JSON) {
             switch v {
             case .object(let o):
-                if let id = o.identity(idKey: idKey), !winners.set(id, v) { repeated = true }
+                if let id = o.identity(idKey: idKey) { body(id, v) }
                 let members = o.members
                 for i in members.indices where members[i].value.isContainer { walk(members[i].value) }
             case .array(let a):
@@ -38,8 +46,7 @@ struct Tree {
                 break
             }
         }
-        walk(root)
-        return repeated
+        walk(value)
     }
 
     /// Each winner with its nested entities replaced by their own resolved winners,
@@ -368,19 +375,7 @@ struct Tree {
     /// and a dictionary of their values, hashing each twice, to be dropped.
     func identitySet(_ value: JSON, expected: Int = 0) -> Set<String> {
         var ids = Set<String>(minimumCapacity: expected)
-        func walk(_ v: JSON) {
-            switch v {
-            case .object(let o):
-                if let id = o.identity(idKey: idKey) { ids.insert(id) }
-                let members = o.members
-                for i in members.indices where members[i].value.isContainer { walk(members[i].value) }
-            case .array(let a):
-                for i in a.indices where a[i].isContainer { walk(a[i]) }
-            default:
-                break
-            }
-        }
-        walk(value)
+        forEachEntity(value) { id, _ in ids.insert(id) }
         return ids
     }
 
