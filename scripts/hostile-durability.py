@@ -53,3 +53,5 @@ print("acknowledged writes missing after restart (first and last 2,000 checked):
 stop.clear(); flood = conn(); threading.Thread(target=flooder, daemon=True).start()
 time.sleep(1); t = time.time(); p.send_signal(signal.SIGTERM); rc = p.wait(30)
 print(f"SIGTERM under a flood: exit {rc} in {time.time() - t:.2f} s")
+# Its database and socket directory go once it has stopped.
+import shutil; shutil.rmtree(d, ignore_errors=True)

@@ -5,7 +5,7 @@
 # extreme size or shape; issue "no request and no client can stall the server").
 #   usage: scripts/hostile-requests.py [.build/release/concord-server] [--quick]
 # Prints one line per case; `make bench` copies them into its table.
-import socket, json, sys, time, threading, os, subprocess, tempfile
+import socket, json, sys, time, threading, os, shutil, subprocess, tempfile
 
 BIN = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else ".build/release/concord-server"
 QUICK = "--quick" in sys.argv
@@ -120,6 +120,8 @@ def main():
         return f"{nw} updates"
     case(f"pipelined updates under {nq:,} range-predicate views", pipelined, by)
     by.end(); p.terminate(); p.wait()
+    # The socket's directory (its log only, after a clean stop) goes too.
+    shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
 
 def build_on(conn, n, q):
     # Written from a thread while the responses are read: a client that
