@@ -467,6 +467,7 @@ final class Store {
         // (an author, in a post that changes authors), there is no search
         // either. Only a gained edge that fails this starts the search below.
         var mustSearch = false
+        defer { Tree.trim(&childrenScratch) }
         search: for (id, v) in newValues {
             let old = entities[id]?.children ?? Children()
             guard tree.nestedEntitiesDiffer(v, from: old, scratch: &childrenScratch) else { continue }
@@ -703,9 +704,7 @@ final class Store {
             && !changed.contains(where: { ($0.1?.held ?? EntityRecord.heldByEntities) & EntityRecord.heldByEntities != 0 }) {
             var docs = IDSet()
             if !documentReferrers.isEmpty {
-                for (id, rec) in changed where rec!.held & EntityRecord.heldByDocuments != 0 {
-                    if let holders = documentReferrers[id] { docs.formUnion(holders.keys) }
-                }
+                for (id, rec) in changed { addDocumentHolders(of: id, held: rec!.held, to: &docs) }
             }
             refreshInCollections(change.valueChanged)
             refreshHolders(docs, except: rewrittenDocument, deleted: deleted, into: &change)
@@ -742,7 +741,7 @@ final class Store {
         func visit(_ id: String, _ rec: EntityRecord?, _ isRefreshed: Bool) {
             // A resident record says whether anyone holds it; otherwise look.
             let held = rec?.held ?? (EntityRecord.heldByEntities | EntityRecord.heldByDocuments)
-            if hasDocuments && held & EntityRecord.heldByDocuments != 0, let holders = documentReferrers[id] { docs.formUnion(holders.keys) }
+            if hasDocuments { addDocumentHolders(of: id, held: held, to: &docs) }
             guard held & EntityRecord.heldByEntities != 0, let holders = referrers[id] else { return }
             if !writtenMarked {
                 writtenMarked = true
@@ -815,6 +814,14 @@ final class Store {
         if !deleted.isEmpty { removeFromCollections(deleted) }
         refreshInCollections(change.valueChanged)
         refreshHolders(docs, except: rewrittenDocument, deleted: deleted, into: &change)
+    }
+
+    /// The documents holding `id` as a top-most entity, added to `docs`
+    /// (`held`: its record's `held` bits; no lookup when they say none).
+    @inline(__always)
+    private func addDocumentHolders(of id: String, held: UInt8, to docs: inout IDSet) {
+        guard held & EntityRecord.heldByDocuments != 0, let holders = documentReferrers[id] else { return }
+        docs.formUnion(holders.keys)
     }
 
     /// Re-materializes the documents in `docs` (they hold a changed or

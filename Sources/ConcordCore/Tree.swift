@@ -198,20 +198,22 @@ struct Tree {
     /// again with the same nested entities (an author carried along, a
     /// document of one entity) allocates nothing for them.
     func nestedEntities(_ value: JSON, unlessSameAs old: Children, scratch: inout Children) -> Children? {
-        scratch.removeAll()
-        // A long list's storage is not kept for the next one.
-        defer { if scratch.count > 256 { scratch = Children() } }
-        nestedEntities(value, into: &scratch)
-        return scratch == old ? nil : scratch.copied()
+        defer { Self.trim(&scratch) }
+        return nestedEntitiesDiffer(value, from: old, scratch: &scratch) ? scratch.copied() : nil
     }
 
     /// Whether `value` nests other entities than `old` lists; the list is
-    /// left in `scratch` (emptied first) and nothing is copied.
+    /// left in `scratch` (emptied first) and nothing is copied. The caller
+    /// trims the scratch (``trim(_:)``) when done with the list.
     func nestedEntitiesDiffer(_ value: JSON, from old: Children, scratch: inout Children) -> Bool {
         scratch.removeAll()
-        defer { if scratch.count > 256 { scratch = Children() } }
         nestedEntities(value, into: &scratch)
         return scratch != old
+    }
+
+    /// A long scratch list's storage is not kept for the next one.
+    static func trim(_ scratch: inout Children) {
+        if scratch.count > 256 { scratch = Children() }
     }
 
     /// Whether `value` nests any entity (not `value` itself): a walk that
