@@ -91,7 +91,9 @@ public struct EngineFigures: Sendable {
 /// A request's `model` as bytes of its own line that are exactly what
 /// ``JSONWriter`` writes for it (``JSONParser/parse(_:verbatimMember:)``).
 public struct VerbatimModel: Sendable {
-    public let line: [UInt8]
+    /// The line (a slice of the array its read's lines share: `LineFramer`).
+    public let line: ArraySlice<UInt8>
+    /// Offsets from the line's first byte.
     public let range: Range<Int>
 }
 
@@ -362,8 +364,14 @@ public final class Engine {
     /// decodes it nor encodes or hashes its query; one that does not is left
     /// for the engine to decode, which answers its error.
     public static func parse(_ line: [UInt8], parser: JSONParser, decodeWith idKey: String? = nil) -> ParsedLine {
+        parse(line[...], parser: parser, decodeWith: idKey)
+    }
+
+    /// ``parse(_:parser:decodeWith:)`` of a line the framer found (a slice
+    /// of its read's shared array).
+    public static func parse(_ line: ArraySlice<UInt8>, parser: JSONParser, decodeWith idKey: String? = nil) -> ParsedLine {
         do {
-            let (value, range) = try parser.parse(line, verbatimMember: "model")
+            let (value, range) = try line.withUnsafeBufferPointer { (b) throws(JSONParseError) in try parser.parse(b, verbatimMember: "model") }
             let model = range.map { VerbatimModel(line: line, range: $0) }
             if let idKey, let request = try? Request.decode(value, idKey: idKey) {
                 return .prepared(PreparedRequest(request, value: value, model: model))

@@ -45,13 +45,18 @@ public struct JSONParser {
     /// instead of encoding the tree again.
     public func parse(_ bytes: [UInt8], verbatimMember name: StaticString) throws(JSONParseError) -> (JSON, verbatim: Range<Int>?) {
         try bytes.withUnsafeBufferPointer { (buf) throws(JSONParseError) -> (JSON, verbatim: Range<Int>?) in
-            let scratch = ParseScratch.current
-            var state = ParserState(buf: buf, maxDepth: maxDepth, scratch: scratch)
-            defer { state.giveBack(to: scratch) }
-            state.captureName = UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
-            let value = try parse(&state)
-            return (value, state.captured)
+            try parse(buf, verbatimMember: name)
         }
+    }
+
+    /// ``parse(_:verbatimMember:)`` over a buffer (the range counts from its start).
+    public func parse(_ buf: UnsafeBufferPointer<UInt8>, verbatimMember name: StaticString) throws(JSONParseError) -> (JSON, verbatim: Range<Int>?) {
+        let scratch = ParseScratch.current
+        var state = ParserState(buf: buf, maxDepth: maxDepth, scratch: scratch)
+        defer { state.giveBack(to: scratch) }
+        state.captureName = UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
+        let value = try parse(&state)
+        return (value, state.captured)
     }
 
     public func parse(_ buf: UnsafeBufferPointer<UInt8>) throws(JSONParseError) -> JSON {

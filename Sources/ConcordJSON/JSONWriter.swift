@@ -30,6 +30,12 @@ public struct JSONWriter: Sendable {
         other.withUnsafeBufferPointer { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: $0[range])) }
     }
 
+    /// `other`'s bytes at offsets `range` from its start (a slice's indices
+    /// are its array's; `range` counts from the slice's first byte).
+    @inlinable public mutating func raw(_ other: ArraySlice<UInt8>, _ range: Range<Int>) {
+        other.withUnsafeBufferPointer { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: $0[range])) }
+    }
+
     public mutating func string(_ s: String) {
         // Contiguous UTF-8 without copying the string (small strings are
         // spilled to the stack by the standard library).

@@ -5,10 +5,20 @@
 /// ``Frame/tooLarge`` as soon as it is known to be too long, and the rest of
 /// it is discarded as it arrives: it is never buffered whole. Blank and
 /// whitespace-only lines are dropped here.
+///
+/// The lines a read completes are copied out of it once, into one array
+/// they share as slices (one allocation per read, not per line: a
+/// pipelining client sends a few hundred lines per read). Only when they
+/// fill at least half of that array: otherwise (blank or skipped lines
+/// between them) each is copied alone, so what the lines hold is never more
+/// than twice what they count — the server bounds memory by their counts.
 public struct LineFramer: Sendable {
     /// What the framer found: a whole line, or a line over the limit (skipped).
     public enum Frame: Equatable, Sendable {
-        case line([UInt8])
+        /// A line's bytes, without its line ending; a slice of an array it
+        /// may share with the other lines of its read (its indices are that
+        /// array's: read it through `withUnsafeBufferPointer` or from `startIndex`).
+        case line(ArraySlice<UInt8>)
         case tooLarge
     }
 
@@ -29,40 +39,60 @@ public struct LineFramer: Sendable {
     public mutating func feed(_ bytes: UnsafeRawBufferPointer, _ emit: (Frame) -> Void) {
         var start = 0
         let n = bytes.count
-        while start < n {
-            // A plain byte loop (this module imports nothing, not even Glibc's memchr).
-            let found: Int
-            if let p = memchrNewline(bytes.baseAddress! + start, n - start) {
-                found = start + p
-            } else {
-                found = -1
-            }
-            if found < 0 {
-                if !skipping {
-                    buffer.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[start..<n]))
-                    // One extra byte may be the '\r' of a line that is exactly at the limit.
-                    if buffer.count > maxLineBytes + 1 {
-                        buffer = []
-                        skipping = true
-                        emit(.tooLarge)
-                    }
-                }
+        guard n > 0 else { return }
+        let base = bytes.baseAddress!
+        // The line that was unfinished (or being skipped) ends at the first newline.
+        if skipping || !buffer.isEmpty {
+            guard let p = memchrNewline(base, n) else {
+                keep(bytes, from: 0, emit)
                 return
             }
             if skipping {
                 skipping = false
             } else {
-                let piece = UnsafeRawBufferPointer(rebasing: bytes[start..<found])
-                if buffer.isEmpty {
-                    finish(Array(piece), emit)
-                } else {
-                    buffer.append(contentsOf: piece)
-                    let line = buffer
-                    buffer = []
-                    finish(line, emit)
+                buffer.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[0 ..< p]))
+                let line = buffer
+                buffer = []
+                finish(line[...], emit)
+            }
+            start = p + 1
+        }
+        // The lines this read completes (up to its last newline), their ends
+        // noted (the first 1,024 of them, on the stack), and how many of
+        // their bytes will be passed on.
+        withUnsafeTemporaryAllocation(of: Int.self, capacity: 1024) { ends in
+            var last = -1, kept = 0, lines = 0, s = start
+            while s < n, let p = memchrNewline(base + s, n - s) {
+                if passesOn(base + s, p) { kept += p + 1 }
+                last = s + p
+                if lines < ends.count { ends[lines] = last }
+                lines += 1
+                s = last + 1
+            }
+            guard last >= 0 else {
+                keep(bytes, from: start, emit)
+                return
+            }
+            // Line k ends at `end(k)` (an offset in `bytes`).
+            var from = start
+            func end(_ k: Int) -> Int {
+                k < ends.count ? ends[k] : from + memchrNewline(base + from, n - from)!
+            }
+            if kept * 2 >= last + 1 - start {
+                let chunk = Array(UnsafeBufferPointer(start: base.assumingMemoryBound(to: UInt8.self) + start, count: last + 1 - start))
+                for k in 0 ..< lines {
+                    let e = end(k)
+                    finish(chunk[(from - start) ..< (e - start)], emit)
+                    from = e + 1
+                }
+            } else {
+                for k in 0 ..< lines {
+                    let e = end(k)
+                    finish(Array(UnsafeBufferPointer(start: base.assumingMemoryBound(to: UInt8.self) + from, count: e - from))[...], emit)
+                    from = e + 1
                 }
             }
-            start = found + 1
+            keep(bytes, from: last + 1, emit)
         }
     }
 
@@ -71,9 +101,34 @@ public struct LineFramer: Sendable {
         bytes.withUnsafeBytes { feed($0, emit) }
     }
 
-    private func finish(_ line: [UInt8], _ emit: (Frame) -> Void) {
+    /// Keeps `bytes[from...]` (no newline in them) for the unfinished line,
+    /// or starts skipping it once it is too long.
+    private mutating func keep(_ bytes: UnsafeRawBufferPointer, from start: Int, _ emit: (Frame) -> Void) {
+        guard start < bytes.count, !skipping else { return }
+        buffer.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[start ..< bytes.count]))
+        // One extra byte may be the '\r' of a line that is exactly at the limit.
+        if buffer.count > maxLineBytes + 1 {
+            buffer = []
+            skipping = true
+            emit(.tooLarge)
+        }
+    }
+
+    /// Whether the `count` bytes at `p` (a line without its newline) are
+    /// passed on by `finish`: not too long, not blank.
+    private func passesOn(_ p: UnsafeRawPointer, _ count: Int) -> Bool {
+        let bytes = p.assumingMemoryBound(to: UInt8.self)
+        let n = count > 0 && bytes[count - 1] == 0x0D ? count - 1 : count
+        guard n <= maxLineBytes else { return false }
+        for i in 0 ..< n where !(bytes[i] == 0x20 || bytes[i] == 0x09 || bytes[i] == 0x0D) { return true }
+        return false
+    }
+
+    private func finish(_ line: ArraySlice<UInt8>, _ emit: (Frame) -> Void) {
         var line = line
-        if line.last == 0x0D { line.removeLast() }
+        // A slice of the read's shared array: dropping keeps sharing it (a
+        // removal would copy the slice out).
+        if line.last == 0x0D { line = line.dropLast() }
         if line.count > maxLineBytes {
             emit(.tooLarge)
             return

@@ -12,7 +12,7 @@ final class BigLineParser: @unchecked Sendable {
     static let threshold = 256 << 10
 
     private let condition = Condition()
-    private var queue: [(id: ConnectionID, line: [UInt8])] = []
+    private var queue: [(id: ConnectionID, line: ArraySlice<UInt8>)] = []
     private var garbage: [any Sendable] = []
     private var stopped = false
     private var started = false
@@ -29,7 +29,7 @@ final class BigLineParser: @unchecked Sendable {
     }
 
     /// Queues a line; its parse is reported through `done`.
-    func submit(_ id: ConnectionID, _ line: [UInt8]) {
+    func submit(_ id: ConnectionID, _ line: ArraySlice<UInt8>) {
         condition.lock()
         queue.append((id, line))
         startIfNeeded()

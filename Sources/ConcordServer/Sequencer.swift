@@ -508,7 +508,7 @@ final class Sequencer: @unchecked Sendable {
         guard !ready.isEmpty else { return false }
         let arrivalsAtStart = arrivals.load(ordering: .relaxed)
         var picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []
-        var lines: [[UInt8]] = []
+        var lines: [ArraySlice<UInt8>] = []
         var preparsed: [(index: Int, parsed: Engine.ParsedLine)] = []
         var preparsedLanes: [Int: Engine.ParsedLine] = [:]
         var bytesTaken = 0

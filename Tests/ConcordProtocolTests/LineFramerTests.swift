@@ -14,7 +14,33 @@ struct LineFramerTests {
         return out
     }
 
-    static func line(_ s: String) -> LineFramer.Frame { .line(Array(s.utf8)) }
+    static func line(_ s: String) -> LineFramer.Frame { .line(Array(s.utf8)[...]) }
+
+    /// The lines one read completes share one copy of it when they fill at
+    /// least half of it, and are copied one by one when blank or skipped
+    /// lines would make a shared copy hold more than twice their bytes.
+    @Test func linesOfOneReadShareACopyOnlyWhenTheyFillIt() {
+        var f = LineFramer(maxLineBytes: 32)
+        var out: [LineFramer.Frame] = []
+        f.feed(Array("a\r\nbc\nlast".utf8)) { out.append($0) }
+        #expect(out == [Self.line("a"), Self.line("bc")])
+        guard case .line(let a) = out[0], case .line(let bc) = out[1] else { Issue.record("not lines"); return }
+        #expect(a.startIndex == 0 && bc.startIndex == 3)  // one array: "a\r\nbc\n"
+        #expect(f.bufferedBytes == 4)
+
+        out = []
+        let blanks = String(repeating: "    \n", count: 20)
+        f.feed(Array("\nx\n\(blanks)y\n".utf8)) { out.append($0) }
+        #expect(out == [Self.line("last"), Self.line("x"), Self.line("y")])
+        for case .line(let l) in out { #expect(l.startIndex == 0, "a line with blank lines around it is copied alone") }
+
+        // Too long lines are skipped, so they do not count as shared either.
+        var g = LineFramer(maxLineBytes: 8)
+        out = []
+        g.feed(Array("ok\n\(String(repeating: "z", count: 100))\nfine\n".utf8)) { out.append($0) }
+        #expect(out == [Self.line("ok"), .tooLarge, Self.line("fine")])
+        for case .line(let l) in out { #expect(l.startIndex == 0) }
+    }
 
     @Test(arguments: [1, 2, 3, 5, 8, 13, 100])
     func splitsLinesWhateverTheChunking(chunk: Int) {
@@ -39,7 +65,7 @@ struct LineFramerTests {
             let n = 1 + next() % 40
             let body = (0..<n).map { _ in near[next() % near.count] }
             input += body + [0x0A]
-            want.append(.line(body))
+            want.append(.line(body[...]))
         }
         #expect(Self.frames(input, chunk: chunk, max: 64) == want)
     }

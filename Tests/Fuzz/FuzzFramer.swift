@@ -30,7 +30,7 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         if line.count > limit {
             expected.append(.tooLarge)
         } else if line.contains(where: { !($0 == 0x20 || $0 == 0x09 || $0 == 0x0D) }) {
-            expected.append(.line(line))
+            expected.append(.line(line[...]))
         }
         line = []
     }
