@@ -94,6 +94,8 @@ struct ParserState {
     var itemStack = MoveStack<JSON>()
     /// The thread's table of short strings (the tree parser's; the tape builds none).
     let shortStrings: ShortStrings?
+    /// The thread's table of longer strings (the tree parser's).
+    let longStrings: LongStrings?
     /// How often the text differed from what `JSONWriter` writes for the
     /// tree (whitespace skipped, an escaped string, a repeated name).
     var irregular = 0
@@ -106,6 +108,7 @@ struct ParserState {
         self.buf = buf
         self.maxDepth = maxDepth
         self.shortStrings = nil
+        self.longStrings = nil
     }
 
     /// A state using `scratch`'s stacks and table until `giveBack(to:)`.
@@ -113,6 +116,7 @@ struct ParserState {
         self.buf = buf
         self.maxDepth = maxDepth
         self.shortStrings = scratch.table
+        self.longStrings = scratch.longTable
         swap(&memberStack, &scratch.memberStack)
         swap(&itemStack, &scratch.itemStack)
     }
@@ -126,13 +130,16 @@ struct ParserState {
         swap(&itemStack, &scratch.itemStack)
     }
 
-    /// The string of the plain ASCII bytes `start..<end`: a short one
-    /// through the scratch's table.
+    /// The string of the plain ASCII bytes `start..<end`: through the
+    /// scratch's tables (short strings; longer ones up to `LongStrings.maxCount`).
     @inline(__always)
     func asciiText(_ start: Int, _ end: Int) -> String {
         let n = end - start
         if n <= 15, let shortStrings {
             return shortStrings.ascii(buf.baseAddress! + start, count: n, readable: buf.count - start)
+        }
+        if n <= LongStrings.maxCount, let longStrings {
+            return longStrings.ascii(buf.baseAddress! + start, count: n)
         }
         return asciiString(UnsafeBufferPointer(rebasing: buf[start..<end]))
     }

@@ -24,13 +24,18 @@ final class ParseScratch {
     var memberStack = MoveStack<JSONObject.Member>()
     var itemStack = MoveStack<JSON>()
     let table: ShortStrings
+    let longTable: LongStrings
 
-    init() { table = ShortStrings() }
+    init() {
+        table = ShortStrings()
+        longTable = LongStrings()
+    }
 
     deinit {
         memberStack.release()
         itemStack.release()
         table.free()
+        longTable.free()
     }
 
     private static let key: pthread_key_t = {
@@ -111,6 +116,85 @@ struct ShortStrings {
         let s = asciiString(UnsafeBufferPointer(start: base, count: count))
         b.pointee = Bytes(w0: w0, w1: w1, count: count)
         strings[i] = s
+        return s
+    }
+}
+
+
+/// The scratch's table of longer ASCII strings (16 to ``maxCount`` bytes)
+/// it built recently, so that a value sent again — a title, a URL, a body
+/// that an update repeats unchanged — is handed back as the same string:
+/// no allocation, no copy, and compared with its stored copy by identity
+/// (`sameText` looks at the two words first). A miss costs the hash
+/// (eight bytes a step) and takes the slot; a hit, the hash and a `memcmp`.
+/// Bounded: ``slots`` strings of at most ``maxCount`` bytes and their
+/// bytes again (~90 KB per parsing thread at most); a string the table
+/// holds lives until its slot is taken.
+final class LongStrings {
+    static let slots = 256
+    static let maxCount = 128
+
+    let hashes: UnsafeMutablePointer<UInt64>
+    let counts: UnsafeMutablePointer<Int>
+    /// `slots` × `maxCount` bytes: slot i's string's bytes at `i * maxCount`.
+    let bytes: UnsafeMutablePointer<UInt8>
+    let strings: UnsafeMutablePointer<String>
+
+    init() {
+        hashes = .allocate(capacity: Self.slots)
+        hashes.initialize(repeating: 0, count: Self.slots)
+        counts = .allocate(capacity: Self.slots)
+        counts.initialize(repeating: -1, count: Self.slots)
+        bytes = .allocate(capacity: Self.slots * Self.maxCount)
+        strings = .allocate(capacity: Self.slots)
+        strings.initialize(repeating: "", count: Self.slots)
+    }
+
+    /// Whether `count` (≥ 8) bytes at `a` and `b` are equal, eight at a time
+    /// (the last eight overlapping): `memcmp` through the PLT cost twice as much.
+    @inline(__always)
+    static func same(_ a: UnsafeRawPointer, _ b: UnsafeRawPointer, _ count: Int) -> Bool {
+        var i = 0
+        while i &+ 8 <= count {
+            if a.loadUnaligned(fromByteOffset: i, as: UInt64.self) != b.loadUnaligned(fromByteOffset: i, as: UInt64.self) { return false }
+            i &+= 8
+        }
+        return a.loadUnaligned(fromByteOffset: count &- 8, as: UInt64.self) == b.loadUnaligned(fromByteOffset: count &- 8, as: UInt64.self)
+    }
+
+    func free() {
+        hashes.deallocate()
+        counts.deallocate()
+        bytes.deallocate()
+        strings.deinitialize(count: Self.slots)
+        strings.deallocate()
+    }
+
+    /// The string of the ASCII bytes `base[0..<count]` (16 ≤ `count` ≤ ``maxCount``),
+    /// from the table when it holds them.
+    @inline(never)
+    func ascii(_ base: UnsafePointer<UInt8>, count: Int) -> String {
+        let raw = UnsafeRawPointer(base)
+        var h = UInt64(truncatingIfNeeded: count) &* 0x9E37_79B9_7F4A_7C15
+        var i = 0
+        while i &+ 8 <= count {
+            h = (h ^ UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: i, as: UInt64.self))) &* 0xC2B2_AE3D_27D4_EB4F
+            h ^= h &>> 29
+            i &+= 8
+        }
+        // The last eight bytes (they overlap the words above unless the count is a multiple of eight).
+        h = (h ^ UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: count &- 8, as: UInt64.self))) &* 0xFF51_AFD7_ED55_8CCD
+        h ^= h &>> 32
+        let slot = Int(truncatingIfNeeded: h &>> 56)
+        let kept = bytes + slot &* Self.maxCount
+        if hashes[slot] == h && counts[slot] == count && Self.same(UnsafeRawPointer(kept), raw, count) {
+            return strings[slot]
+        }
+        let s = asciiString(UnsafeBufferPointer(start: base, count: count))
+        hashes[slot] = h
+        counts[slot] = count
+        kept.update(from: base, count: count)
+        strings[slot] = s
         return s
     }
 }

@@ -64,6 +64,52 @@ struct JSONParserTests {
         }
     }
 
+    /// Strings of 16 to 128 bytes come from the thread's table of longer
+    /// strings: the same text parsed again is the same string (one storage,
+    /// no allocation), and every text is the one parsed — every length from
+    /// 15 to 130 (both ends of the table's range), texts that differ only in
+    /// their last byte or in one word of the middle, many more than the
+    /// table has slots (hits, misses, slots taken over), and texts with an
+    /// escape or past 128 bytes (never from the table).
+    @Test func longStringsFromTheTableAreTheTextsParsed() throws {
+        func storage(_ s: String) -> UInt64 { unsafeBitCast(s, to: (UInt64, UInt64).self).1 }
+        func parsedValue(_ t: String) throws -> String {
+            guard case .object(let o) = try parser.parse(#"{"v":"\#(t)"}"#), case .string(let s) = o.members[0].value else {
+                Issue.record("not an object with a string")
+                return ""
+            }
+            return s
+        }
+        let repeated = "A document of about two hundred bytes"
+        let a = try parsedValue(repeated), b = try parsedValue(repeated)
+        #expect(a == repeated && b == repeated)
+        #expect(storage(a) == storage(b), "a repeated long string is handed back from the table")
+        let escaped = #"A document\u0020of about two hundred bytes"#
+        #expect(try parsedValue(escaped) == repeated)
+        let long = String(repeating: "z", count: 129)
+        let c = try parsedValue(long), d = try parsedValue(long)
+        #expect(c == long && d == long && storage(c) != storage(d), "past 128 bytes each parse makes its own string")
+
+        var rng = SystemRandomNumberGenerator()
+        let alphabet = Array("abcdefghij0123456789 _:-".utf8)
+        var texts: [String] = []
+        for n in 15...130 {
+            for _ in 0..<6 {
+                texts.append(String(decoding: (0..<n).map { _ in alphabet.randomElement(using: &rng)! }, as: UTF8.self))
+            }
+            let stem = String(repeating: "x", count: n)
+            texts.append(stem)
+            texts.append(String(stem.dropLast()) + "y")
+            if n >= 24 { texts.append(String(stem.prefix(8)) + "yyyyyyyy" + String(stem.dropFirst(16))) }
+        }
+        for round in 0..<3 {
+            for t in texts.shuffled(using: &rng) {
+                #expect(try parsedValue(t) == t, "round \(round): \(t)")
+                #expect(try parser.parse("[\"\(t)\",\"\(t)\"]") == .array([.string(t), .string(t)]), "round \(round): \(t)")
+            }
+        }
+    }
+
     /// `sameText` decides small ASCII texts from their two words: it must
     /// agree with byte equality for strings made every way (literals, parsed, built
     /// from bytes, interpolated, sliced back), small and large, ASCII or
