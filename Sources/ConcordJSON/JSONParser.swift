@@ -385,8 +385,14 @@ struct ParserState {
                 let end = pos
                 pos += 1
                 if ascii { return asciiText(start, end) }
-                let slice = UnsafeBufferPointer(rebasing: buf[start..<end])
-                guard let s = String(validating: slice, as: UTF8.self) else {
+                let n = end - start
+                let text: String?
+                if n >= 8 && n <= LongStrings.maxCount, let longStrings {
+                    text = longStrings.utf8(buf.baseAddress! + start, count: n)
+                } else {
+                    text = String(validating: UnsafeBufferPointer(rebasing: buf[start..<end]), as: UTF8.self)
+                }
+                guard let s = text else {
                     pos = start
                     throw error("a string is not valid UTF-8")
                 }

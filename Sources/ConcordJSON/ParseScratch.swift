@@ -86,8 +86,33 @@ struct ShortStrings {
         strings.deallocate()
     }
 
-    /// The string of the ASCII bytes `base[0..<count]` (`count` ≤ 15),
-    /// from the table when it holds them. `readable`: how many bytes from
+    /// A small ASCII string (at most 15 bytes) is two words: its bytes,
+    /// little-endian, and in the top byte of the second word its tag
+    /// (immortal, ASCII, small: 0xE) and its count — the standard library's
+    /// layout on 64-bit platforms, which `sameText` reads too. Checked once
+    /// against strings the library builds; where it does not hold, the
+    /// table below is used.
+    @inline(__always)
+    static func small(_ w0: UInt64, _ w1: UInt64, count: Int) -> String {
+        unsafeBitCast((w0, w1 | (UInt64(0xE0 | count) &<< 56)), to: String.self)
+    }
+
+    static let smallLayout: Bool = {
+        let texts = ["", "a", "op", "model", "abcdefgh", "abcdefghi", "abcdefghijklmno"]
+        for t in texts {
+            var w0: UInt64 = 0, w1: UInt64 = 0
+            for (i, b) in t.utf8.enumerated() {
+                if i < 8 { w0 |= UInt64(b) &<< UInt64(8 &* i) } else { w1 |= UInt64(b) &<< UInt64(8 &* (i &- 8)) }
+            }
+            let built = String(decoding: Array(t.utf8), as: UTF8.self)
+            let bits = unsafeBitCast(built, to: (UInt64, UInt64).self)
+            guard bits.0 == w0 && bits.1 == w1 | (UInt64(0xE0 | t.utf8.count) &<< 56) else { return false }
+        }
+        return true
+    }()
+
+    /// The string of the ASCII bytes `base[0..<count]` (`count` ≤ 15):
+    /// made from its words (`small`), or from the table when it holds them. `readable`: how many bytes from
     /// `base` may be loaded (the words are loaded whole when 16 are).
     @inline(__always)
     func ascii(_ base: UnsafePointer<UInt8>, count: Int, readable: Int) -> String {
@@ -107,6 +132,9 @@ struct ShortStrings {
                 if i < 8 { w0 |= UInt64(base[i]) &<< UInt64(8 &* i) } else { w1 |= UInt64(base[i]) &<< UInt64(8 &* (i &- 8)) }
             }
         }
+        // The string is its two words and a tag: no table needed where the
+        // runtime lays small strings out as checked once (`smallLayout`).
+        if Self.smallLayout { return Self.small(w0, w1, count: count) }
         let h = (w0 &* 0x9E37_79B9_7F4A_7C15) ^ (w1 &* 0xC2B2_AE3D_27D4_EB4F) ^ UInt64(count)
         let i = Int(truncatingIfNeeded: (h &* 0xFF51_AFD7_ED55_8CCD) &>> 56)
         let b = bytes + i
@@ -121,8 +149,8 @@ struct ShortStrings {
 }
 
 
-/// The scratch's table of longer ASCII strings (16 to ``maxCount`` bytes)
-/// it built recently, so that a value sent again — a title, a URL, a body
+/// The scratch's table of the longer strings (ASCII of 16 to ``maxCount``
+/// bytes; other UTF-8 of 8 to ``maxCount``) it built recently, so that a value sent again — a title, a URL, a body
 /// that an update repeats unchanged — is handed back as the same string:
 /// no allocation, no copy, and compared with its stored copy by identity
 /// (`sameText` looks at the two words first). A miss costs the hash
@@ -174,6 +202,20 @@ final class LongStrings {
     /// from the table when it holds them.
     @inline(never)
     func ascii(_ base: UnsafePointer<UInt8>, count: Int) -> String {
+        text(base, count: count, ascii: true)!
+    }
+
+    /// The string of the UTF-8 bytes `base[0..<count]` (8 ≤ `count` ≤
+    /// ``maxCount``), from the table when it holds them (they were valid
+    /// when they entered it: no validation again), else validated — nil
+    /// when they are not valid UTF-8.
+    @inline(never)
+    func utf8(_ base: UnsafePointer<UInt8>, count: Int) -> String? {
+        text(base, count: count, ascii: false)
+    }
+
+    @inline(__always)
+    private func text(_ base: UnsafePointer<UInt8>, count: Int, ascii: Bool) -> String? {
         let raw = UnsafeRawPointer(base)
         var h = UInt64(truncatingIfNeeded: count) &* 0x9E37_79B9_7F4A_7C15
         var i = 0
@@ -190,7 +232,13 @@ final class LongStrings {
         if hashes[slot] == h && counts[slot] == count && Self.same(UnsafeRawPointer(kept), raw, count) {
             return strings[slot]
         }
-        let s = asciiString(UnsafeBufferPointer(start: base, count: count))
+        let s: String
+        if ascii {
+            s = asciiString(UnsafeBufferPointer(start: base, count: count))
+        } else {
+            guard let valid = String(validating: UnsafeBufferPointer(start: base, count: count), as: UTF8.self) else { return nil }
+            s = valid
+        }
         hashes[slot] = h
         counts[slot] = count
         kept.update(from: base, count: count)

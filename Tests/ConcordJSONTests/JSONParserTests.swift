@@ -30,6 +30,8 @@ struct JSONParserTests {
     /// share a first word or differ only in their last byte, many more
     /// than the table has slots (hits, misses, slots taken over).
     @Test func shortStringsFromTheTableAreTheTextsParsed() throws {
+        // On this platform they are made from their words, not the table.
+        #expect(ShortStrings.smallLayout, "the runtime's small-string layout is not the one assumed: the table is used")
         var rng = SystemRandomNumberGenerator()
         let alphabet = Array("abcdefghij0123456789 _:-".utf8)
         var texts: [String] = []
@@ -101,6 +103,25 @@ struct JSONParserTests {
             texts.append(stem)
             texts.append(String(stem.dropLast()) + "y")
             if n >= 24 { texts.append(String(stem.prefix(8)) + "yyyyyyyy" + String(stem.dropFirst(16))) }
+        }
+        // Other UTF-8 (8 bytes and up go through the table too): two- to
+        // four-byte characters, the same text again is the same string.
+        let wide = Array("éü中文😀ab".unicodeScalars)
+        for n in 2...60 {
+            texts.append(String(String.UnicodeScalarView((0..<n).map { _ in wide.randomElement(using: &rng)! })))
+        }
+        let accented = "Zoë Saldaña — café crème brûlée"
+        let e = try parsedValue(accented), f = try parsedValue(accented)
+        #expect(e == accented && storage(e) == storage(f))
+        // Invalid UTF-8 is refused whether or not valid text of its length went before.
+        for bad: [UInt8] in [[0xC3, 0x28], [0xE2, 0x82], [0xF0, 0x9F, 0x98], [0xED, 0xA0, 0x80], [0xC0, 0xAF]] {
+            for pad in [6, 14, 40] {
+                let line = Array("\"".utf8) + Array(repeating: UInt8(ascii: "a"), count: pad) + bad + Array("\"".utf8)
+                let good = Array("\"".utf8) + Array(repeating: UInt8(ascii: "a"), count: pad) + Array("é".utf8) + Array("\"".utf8)
+                #expect(throws: JSONParseError.self) { try parser.parse(line) }
+                _ = try parser.parse(good)
+                #expect(throws: JSONParseError.self) { try parser.parse(line) }
+            }
         }
         for round in 0..<3 {
             for t in texts.shuffled(using: &rng) {
