@@ -101,10 +101,14 @@ public final class ConcordTestServer: @unchecked Sendable {
     public var stderr: String { (try? String(contentsOf: stderrURL, encoding: .utf8)) ?? "" }
 
     /// SIGTERM (a clean shutdown: everything read is answered and stored),
-    /// then waits; SIGKILL after `timeout` seconds. Returns the exit status
-    /// (-1 when it had to be killed).
+    /// then waits; SIGKILL after `timeout` seconds (by default 10, or 40
+    /// when `CONCORD_SANITIZER` is set, as `make sanitize` sets it: a server
+    /// built with a sanitizer runs ~10–20× slower, and answering a flood's
+    /// backlog before it exits took longer than 10 s under TSan with a whole
+    /// suite beside it). Returns the exit status (-1 when it had to be killed).
     @discardableResult
-    public func stop(timeout: Double = 10) -> Int32 {
+    public func stop(timeout: Double? = nil) -> Int32 {
+        let timeout = timeout ?? (ProcessInfo.processInfo.environment["CONCORD_SANITIZER"] != nil ? 40 : 10)
         if process.isRunning { kill(process.processIdentifier, SIGTERM) }
         let deadline = Date().addingTimeInterval(timeout)
         while process.isRunning && Date() < deadline { usleep(10_000) }
