@@ -24,6 +24,22 @@ struct JSONParserTests {
         #expect(throws: JSONParseError.self) { try parser.parse(text) }
     }
 
+    /// For each length: `each` random texts, one of "x" only, and the same
+    /// with its last byte changed.
+    static func texts(lengths: ClosedRange<Int>, each: Int, _ rng: inout SystemRandomNumberGenerator) -> [String] {
+        let alphabet = Array("abcdefghij0123456789 _:-".utf8)
+        var texts: [String] = []
+        for n in lengths {
+            for _ in 0..<each {
+                texts.append(String(decoding: (0..<n).map { _ in alphabet.randomElement(using: &rng)! }, as: UTF8.self))
+            }
+            let stem = String(repeating: "x", count: n)
+            texts.append(stem)
+            if n > 0 { texts.append(String(stem.dropLast()) + "y") }
+        }
+        return texts
+    }
+
     /// Short strings come from the thread's table: every length from 0 to
     /// 20, at every distance from the end of the line (the words are loaded
     /// whole only when 16 bytes are readable), names and values, texts that
@@ -34,15 +50,7 @@ struct JSONParserTests {
         #expect(ShortStrings.smallLayout, "the runtime's small-string layout is not the one assumed: the table is used")
         var rng = SystemRandomNumberGenerator()
         let alphabet = Array("abcdefghij0123456789 _:-".utf8)
-        var texts: [String] = []
-        for n in 0...20 {
-            for _ in 0..<12 {
-                texts.append(String(decoding: (0..<n).map { _ in alphabet.randomElement(using: &rng)! }, as: UTF8.self))
-            }
-            let stem = String(repeating: "x", count: n)
-            texts.append(stem)
-            if n > 0 { texts.append(String(stem.dropLast()) + "y") }
-        }
+        var texts = Self.texts(lengths: 0...20, each: 12, &rng)
         // Many texts alike in one word and length, so that some share a slot.
         for n in 9...15 {
             for _ in 0..<300 {
@@ -93,16 +101,10 @@ struct JSONParserTests {
         #expect(c == long && d == long && storage(c) != storage(d), "past 128 bytes each parse makes its own string")
 
         var rng = SystemRandomNumberGenerator()
-        let alphabet = Array("abcdefghij0123456789 _:-".utf8)
-        var texts: [String] = []
-        for n in 15...130 {
-            for _ in 0..<6 {
-                texts.append(String(decoding: (0..<n).map { _ in alphabet.randomElement(using: &rng)! }, as: UTF8.self))
-            }
+        var texts = Self.texts(lengths: 15...130, each: 6, &rng)
+        for n in 24...130 {
             let stem = String(repeating: "x", count: n)
-            texts.append(stem)
-            texts.append(String(stem.dropLast()) + "y")
-            if n >= 24 { texts.append(String(stem.prefix(8)) + "yyyyyyyy" + String(stem.dropFirst(16))) }
+            texts.append(String(stem.prefix(8)) + "yyyyyyyy" + String(stem.dropFirst(16)))
         }
         // Other UTF-8 (8 bytes and up go through the table too): two- to
         // four-byte characters, the same text again is the same string.
