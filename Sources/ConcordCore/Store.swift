@@ -10,22 +10,11 @@ import ConcordProtocol
 /// references it. When a child changes, each referrer is re-materialized by
 /// substituting its top-most nested entities (cost: the referrer's own size).
 final class EntityRecord {
+    // The fields are in this order for size: the one-byte and four-byte
+    // ones fill the tail of `value` (17 bytes), so a record is 64 bytes
+    // (jemalloc's class; 80 with them after the 8-byte ones).
     var value: JSON
-    var children: Children
-    /// Which propagation last visited this record (`Store.walkGeneration`)
-    /// and how far: marks instead of `Set<String>`s of identities, so a
-    /// referrer's refresh hashes no identity to know whether it was seen.
-    var walkGeneration: UInt64 = 0
     var walkState: WalkState = .none
-    /// What the running mutation did to this record: `Store.mutationGeneration`
-    /// shifted left by 3, with `written` / `substituted` / `reshaped` in the
-    /// low bits (stale when the generation differs).
-    var mutationMark: UInt64 = 0
-
-    enum WalkState: UInt8 {
-        case none, pending, inProgress, done
-    }
-
     /// Whether the referrer indexes hold this record's identity (`heldByEntities`,
     /// `heldByDocuments`): propagation skips the lookups for a record nobody
     /// holds (an author's hundred posts, each refreshed, held by nothing).
@@ -36,6 +25,20 @@ final class EntityRecord {
     /// Where the running mutation's journal keeps this record's value from
     /// before it (valid while `mutationMark` is of the running mutation).
     var journalIndex: Int32 = 0
+    var children: Children
+    /// Which propagation last visited this record (`Store.walkGeneration`)
+    /// and how far: marks instead of `Set<String>`s of identities, so a
+    /// referrer's refresh hashes no identity to know whether it was seen.
+    var walkGeneration: UInt64 = 0
+    /// What the running mutation did to this record: `Store.mutationGeneration`
+    /// shifted left by 3, with `written` / `substituted` / `reshaped` in the
+    /// low bits (stale when the generation differs).
+    var mutationMark: UInt64 = 0
+
+    enum WalkState: UInt8 {
+        case none, pending, inProgress, done
+    }
+
     static let heldByEntities: UInt8 = 1
     static let heldByDocuments: UInt8 = 2
 

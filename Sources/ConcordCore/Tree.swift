@@ -246,7 +246,7 @@ struct Tree {
     }
 
     private func nestedEntities(_ value: JSON, into out: inout Children) {
-        var index: [String: Int]? = nil
+        var index: Children.Index? = nil
         func walk(_ v: JSON, top: Bool) {
             switch v {
             case .object(let o):
@@ -599,73 +599,138 @@ extension Tree {
 /// Why not `[String: Int]`: most records hold none or a few, and a
 /// dictionary hashes every identity to build and again to compare; a short
 /// list does neither (a long one is indexed while it is built).
+///
+/// Why the first one inline: most records that hold an entity hold one,
+/// once (a post its author, a message its sender). That one is kept in the
+/// struct (`one`), so such a record allocates no list and a propagation
+/// reaching it reads its child without a second cache line. Every other
+/// list is in `more` — including a single entity held twice — so `one` is
+/// set exactly when the list is one identity held once (24 bytes inline:
+/// `String?` costs no byte more than `String`).
 struct Children: Sequence, Equatable, CustomStringConvertible {
-    private var list: [(id: String, count: Int)] = []
+    private var one: String? = nil
+    private var more: [(id: String, count: Int)] = []
 
     init() {}
 
-    init(_ id: String) { list = [(id, 1)] }
+    init(_ id: String) { one = id }
 
-    var isEmpty: Bool { list.isEmpty }
-    var count: Int { list.count }
-    var keys: LazyMapSequence<[(id: String, count: Int)], String> { list.lazy.map(\.id) }
+    var isEmpty: Bool { one == nil && more.isEmpty }
+    var count: Int { one == nil ? more.count : 1 }
+    var keys: LazyMapSequence<Children, String> { lazy.map(\.id) }
+
+    /// An identity as a dictionary key that is its bytes: two identities are
+    /// the same entity when their bytes are ("é" composed and decomposed are
+    /// two entities, as in the store's tables), not when `String`'s `==`
+    /// (canonical equivalence) says so.
+    struct Key: Hashable {
+        let id: String
+        static func == (a: Key, b: Key) -> Bool { sameText(a.id, b.id) }
+        func hash(into hasher: inout Hasher) {
+            var id = id
+            id.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+        }
+    }
+    typealias Index = [Key: Int]
 
     /// One more occurrence of `id`; `index` finds identities in a long list
     /// (built here past 16, kept by the caller for the walk, never stored).
-    mutating func add(_ id: String, index: inout [String: Int]?) {
-        if list.count < 16 {
-            for i in list.indices where list[i].id == id {
-                list[i].count += 1
+    mutating func add(_ id: String, index: inout Index?) {
+        if let first = one {
+            // The second occurrence: the list moves to `more` (a scratch
+            // list's storage, when it has some).
+            one = nil
+            if sameText(first, id) {
+                more.append((first, 2))
+            } else {
+                more.append((first, 1))
+                more.append((id, 1))
+            }
+            return
+        }
+        if more.isEmpty {
+            one = id
+            return
+        }
+        if more.count < 16 {
+            for i in more.indices where sameText(more[i].id, id) {
+                more[i].count += 1
                 return
             }
-            list.append((id, 1))
+            more.append((id, 1))
             return
         }
         if index == nil {
-            var built: [String: Int] = [:]
-            for i in list.indices { built[list[i].id] = i }
+            var built: Index = [:]
+            for i in more.indices { built[Key(id: more[i].id)] = i }
             index = built
         }
-        if let i = index![id] {
-            list[i].count += 1
+        if let i = index![Key(id: id)] {
+            more[i].count += 1
         } else {
-            index![id] = list.count
-            list.append((id, 1))
+            index![Key(id: id)] = more.count
+            more.append((id, 1))
         }
     }
 
-    func makeIterator() -> IndexingIterator<[(id: String, count: Int)]> { list.makeIterator() }
+    struct Iterator: IteratorProtocol {
+        fileprivate var one: String?
+        fileprivate var more: IndexingIterator<[(id: String, count: Int)]>
+
+        mutating func next() -> (id: String, count: Int)? {
+            if let first = one {
+                one = nil
+                return (first, 1)
+            }
+            return more.next()
+        }
+    }
+
+    func makeIterator() -> Iterator { Iterator(one: one, more: more.makeIterator()) }
+
+    var underestimatedCount: Int { count }
 
     /// Empties the list, keeping its storage (a scratch list; element by element: see `drain`).
-    mutating func removeAll() { list.drain() }
+    mutating func removeAll() {
+        one = nil
+        more.drain()
+    }
 
     /// The same list in storage of its own, exactly as large (a scratch
     /// list's storage stays with the scratch).
     func copied() -> Children {
         var c = Children()
-        if !list.isEmpty {
-            c.list.reserveCapacity(list.count)
-            c.list.append(contentsOf: list)
+        c.one = one
+        if !more.isEmpty {
+            c.more.reserveCapacity(more.count)
+            c.more.append(contentsOf: more)
         }
         return c
     }
 
     /// Whether the list is `id` once and nothing else.
     func isOnly(_ id: String) -> Bool {
-        list.count == 1 && list[0].count == 1 && sameText(list[0].id, id)
+        if let first = one { return sameText(first, id) }
+        return false
     }
 
     /// Whether `id` is one of them (a walk of the list).
     func contains(_ id: String) -> Bool {
-        for i in list.indices where sameText(list[i].id, id) { return true }
+        if let first = one { return sameText(first, id) }
+        for i in more.indices where sameText(more[i].id, id) { return true }
         return false
     }
 
     static func == (a: Children, b: Children) -> Bool {
-        guard a.list.count == b.list.count else { return false }
-        for i in a.list.indices where a.list[i].id != b.list[i].id || a.list[i].count != b.list[i].count { return false }
-        return true
+        switch (a.one, b.one) {
+        case let (x?, y?): return sameText(x, y)
+        case (nil, nil):
+            guard a.more.count == b.more.count else { return false }
+            for i in a.more.indices where a.more[i].count != b.more[i].count || !sameText(a.more[i].id, b.more[i].id) { return false }
+            return true
+        default: return false
+        }
     }
 
-    var description: String { "[" + list.map { "\($0.id): \($0.count)" }.joined(separator: ", ") + "]" }
+    var description: String { "[" + map { "\($0.id): \($0.count)" }.joined(separator: ", ") + "]" }
 }
