@@ -10,8 +10,8 @@ final class Bridge: @unchecked Sendable {
     // Sendable: `pending` is guarded by `condition`; `async` is only passed to
     // uv_async_send, the one libuv call that is safe from any thread.
     private let condition = Condition()
-    private var pending: [Sequencer.Delivery] = []
-    private var closed = false
+    @exclusivity(unchecked) private var pending: [Sequencer.Delivery] = []
+    @exclusivity(unchecked) private var closed = false
     let async: UnsafeMutablePointer<uv_async_t>
 
     init(async: UnsafeMutablePointer<uv_async_t>) { self.async = async }
@@ -32,11 +32,12 @@ final class Bridge: @unchecked Sendable {
         condition.unlock()
     }
 
-    func take() -> [Sequencer.Delivery] {
+    /// Hands over what was posted: `taken` (emptied by the caller, its
+    /// storage kept) and the pending list trade places, so neither side
+    /// allocates a list per hand-off.
+    func take(into taken: inout [Sequencer.Delivery]) {
         condition.lock()
         defer { condition.unlock() }
-        let out = pending
-        pending = []
-        return out
+        swap(&taken, &pending)
     }
 }

@@ -10,26 +10,36 @@ import Glibc
 final class Connection {
     let id: ConnectionID
     let pipe: UnsafeMutablePointer<uv_pipe_t>
-    var framer: LineFramer
+    @exclusivity(unchecked) var framer: LineFramer
     let flow = ConnectionFlow()
-    var closing = false
+    @exclusivity(unchecked) var closing = false
     /// Close once the last queued write completes (shutdown, or over the hard limit).
-    var closeWhenFlushed = false
-    var closeReason = ""
+    @exclusivity(unchecked) var closeWhenFlushed = false
+    @exclusivity(unchecked) var closeReason = ""
     /// Output handed over by the core, waiting for the write in flight.
-    var queued: [OutputChunk] = []
-    var queuedBytes = 0
-    /// The one write in flight (whole lines only, so a close never cuts a line).
-    var inFlight: WriteContext?
-    var reading = false
+    @exclusivity(unchecked) var queued: [OutputChunk] = []
+    @exclusivity(unchecked) var queuedBytes = 0
+    /// The one write in flight (whole lines only, so a close never cuts a
+    /// line): its chunks, kept alive until libuv is done with them, and their
+    /// bytes. `queued` and `inFlight` trade storage at each write, so a
+    /// connection that writes steadily allocates no list per write.
+    @exclusivity(unchecked) var inFlight: [OutputChunk] = []
+    @exclusivity(unchecked) var inFlightBytes = 0
+    @exclusivity(unchecked) var writing = false
+    /// That write's request and buffer list: one per connection, reused (the
+    /// list grows to the most chunks one write has had).
+    let writeRequest = UnsafeMutablePointer<uv_write_t>.allocate(capacity: 1)
+    @exclusivity(unchecked) private(set) var bufs = UnsafeMutablePointer<uv_buf_t>.allocate(capacity: 4)
+    @exclusivity(unchecked) private var bufsCapacity = 4
+    @exclusivity(unchecked) var reading = false
     /// When lines of it last went to the sequencer (monotonic seconds).
-    var lastSubmit = -Double.infinity
+    @exclusivity(unchecked) var lastSubmit = -Double.infinity
     /// Unfinished-line bytes this connection's framer holds, as last counted.
-    var unfinished = 0
+    @exclusivity(unchecked) var unfinished = 0
     /// The coalescing episode whose drain was last reported to the core.
-    var drainReported = 0
+    @exclusivity(unchecked) var drainReported = 0
     /// Seconds spent over the hard limit with a write that does not finish.
-    var overflowTicks = 0
+    @exclusivity(unchecked) var overflowTicks = 0
 
     init(id: ConnectionID, pipe: UnsafeMutablePointer<uv_pipe_t>, maxLineBytes: Int) {
         self.id = id
@@ -42,26 +52,39 @@ final class Connection {
 
     /// Bytes not yet taken by the socket: the queue plus what libuv still holds of the write in flight.
     var unsentNow: Int { queuedBytes + uv_stream_get_write_queue_size(stream) }
-}
 
-/// Keeps a write's buffers alive until libuv is done with them.
-final class WriteContext {
-    let connection: Connection
-    let segments: [OutputChunk]
-    let bufs: UnsafeMutablePointer<uv_buf_t>
-    let byteCount: Int
-
-    init(connection: Connection, segments: [OutputChunk]) {
-        self.connection = connection
-        self.segments = segments
-        bufs = .allocate(capacity: max(segments.count, 1))
-        var n = 0
-        for (i, s) in segments.enumerated() {
-            bufs[i] = uv_buf_t(base: UnsafeMutablePointer(mutating: s.base.assumingMemoryBound(to: CChar.self)), len: s.count)
-            n += s.count
+    /// Moves the queue into the write in flight and points `bufs` at its chunks.
+    func beginWrite() {
+        swap(&inFlight, &queued)
+        inFlightBytes = queuedBytes
+        queuedBytes = 0
+        if inFlight.count > bufsCapacity {
+            bufs.deallocate()
+            bufsCapacity = inFlight.count
+            bufs = .allocate(capacity: bufsCapacity)
         }
-        byteCount = n
+        for i in inFlight.indices {
+            let s = inFlight[i]
+            bufs[i] = uv_buf_t(base: UnsafeMutablePointer(mutating: s.base.assumingMemoryBound(to: CChar.self)), len: s.count)
+        }
+        writing = true
     }
 
-    deinit { bufs.deallocate() }
+    /// The write in flight is over (done, failed or cancelled): its chunks
+    /// go (their blocks are freed), the list's storage stays unless a
+    /// backlog made it long.
+    func endWrite() {
+        writing = false
+        inFlight.removeAll(keepingCapacity: inFlight.capacity <= 1024)
+        if bufsCapacity > 1024 {
+            bufs.deallocate()
+            bufsCapacity = 4
+            bufs = .allocate(capacity: bufsCapacity)
+        }
+    }
+
+    deinit {
+        writeRequest.deallocate()
+        bufs.deallocate()
+    }
 }

@@ -97,10 +97,10 @@ final class Sequencer: @unchecked Sendable {
     /// Cluster mode: log entries the loop read and the core has not applied (the reader pauses above a bound).
     let clusterQueued = Atomic<Int>(0)
     /// Cluster mode: entries read from the log, applied in order, a turn's budget at a time.
-    private var logQueue: [ClusterEntry] = []
-    private var logHead = 0
-    private var loggedBroken = false
-    private var readySent = false
+    @exclusivity(unchecked) private var logQueue: [ClusterEntry] = []
+    @exclusivity(unchecked) private var logHead = 0
+    @exclusivity(unchecked) private var loggedBroken = false
+    @exclusivity(unchecked) private var readySent = false
     /// Cluster mode: entries between snapshots (and state digests); 0: none.
     private let snapshotEvery: Int
     /// A snapshot is being encoded (one at a time).
@@ -110,7 +110,7 @@ final class Sequencer: @unchecked Sendable {
     var clusterLocal: ClusterLocalCopy?
 
     private let condition = Condition()
-    private var inbox: [Input] = []
+    @exclusivity(unchecked) private var inbox: [Input] = []
     private let engine: Engine
     private let pool: WorkerPool
     private let logger: Logger
@@ -118,54 +118,59 @@ final class Sequencer: @unchecked Sendable {
     private let statsSource: ServerStatsSource
     let metrics: ServerMetrics
     /// Read times of the mutations applied since the last delivery (sampled).
-    private var mutationsReadAt: [Double] = []
+    @exclusivity(unchecked) private var mutationsReadAt: [Double] = []
     private let linesPerTurn: Int
     private var bigLines: BigLineParser!
     private let turnBudget: Double
     private let shutdownTimeout: Double
-    private var storage: StorageThread?
+    @exclusivity(unchecked) private var storage: StorageThread?
 
     /// One connection's lines, not yet handed to the engine.
     private final class Lane {
         let id: ConnectionID
         let flow: ConnectionFlow
-        var frames: [LineFramer.Frame] = []
+        @exclusivity(unchecked) var frames: [LineFramer.Frame] = []
         /// When each frame was read, parallel to `frames`.
-        var readAt: [Double] = []
-        var head = 0
+        @exclusivity(unchecked) var readAt: [Double] = []
+        @exclusivity(unchecked) var head = 0
         /// The connection closed: close it in the engine once its lines are answered.
-        var closeAfter = false
+        @exclusivity(unchecked) var closeAfter = false
         /// The head line is long and being parsed off the sequencer; then its parse.
-        var parsing = false
-        var preparsed: Engine.ParsedLine?
+        @exclusivity(unchecked) var parsing = false
+        @exclusivity(unchecked) var preparsed: Engine.ParsedLine?
         var queued: Bool { head < frames.count }
         init(id: ConnectionID, flow: ConnectionFlow) {
             self.id = id
             self.flow = flow
         }
     }
-    private var lanes: [ConnectionID: Lane] = [:]
+    @exclusivity(unchecked) private var lanes: [ConnectionID: Lane] = [:]
     /// Lanes that got lines while idle, since the last round: the next
     /// round takes them first, and the turn delivers after that round.
-    private var newcomers: [Lane] = []
+    @exclusivity(unchecked) private var newcomers: [Lane] = []
     /// The last round served newcomers first.
-    private var newcomerRound = false
+    @exclusivity(unchecked) private var newcomerRound = false
     /// Whether a round of the current turn already ran.
-    private var handledInTurn = false
+    @exclusivity(unchecked) private var handledInTurn = false
     /// Lanes with lines, in the order they got them (round-robin order).
-    private var ready: [Lane] = []
-    private var shutdownDeadline: Double?
-    private var drainedSent = false
-    private var durability = Durability.async
-    private var syncTimeout = 5.0
+    @exclusivity(unchecked) private var ready: [Lane] = []
+    /// A turn's lists, kept between turns (emptied, their storage kept).
+    @exclusivity(unchecked) private var turnPicked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []
+    @exclusivity(unchecked) private var turnLines: [ArraySlice<UInt8>] = []
+    @exclusivity(unchecked) private var turnParsed: [Engine.ParsedLine?] = []
+    @exclusivity(unchecked) private var turnStillReady: [Lane] = []
+    @exclusivity(unchecked) private var shutdownDeadline: Double?
+    @exclusivity(unchecked) private var drainedSent = false
+    @exclusivity(unchecked) private var durability = Durability.async
+    @exclusivity(unchecked) private var syncTimeout = 5.0
     /// Since when the backend fails to store (nil: it stores).
-    private var failingSince: Double?
-    private var failingMessage = ""
+    @exclusivity(unchecked) private var failingSince: Double?
+    @exclusivity(unchecked) private var failingMessage = ""
     /// Sync durability: deliveries wait until the backend stored every
     /// mutation they show (`tag` is the last seq applied when they were made).
-    private var held: [(tag: Int, delivery: Delivery)] = []
+    @exclusivity(unchecked) private var held: [(tag: Int, delivery: Delivery)] = []
     /// Mutations up to this seq were answered as not durable: what shows them is not held.
-    private var releasedThrough = 0
+    @exclusivity(unchecked) private var releasedThrough = 0
 
     init(configuration: ServerConfiguration, logger: Logger, deliver: @escaping @Sendable (Delivery) -> Void) {
         pool = WorkerPool(threads: configuration.threads, inlineBelow: configuration.parallelThreshold)
@@ -501,14 +506,24 @@ final class Sequencer: @unchecked Sendable {
         newcomerRound = !newcomers.isEmpty
         var lanesThisRound = ready.count
         if newcomerRound {
-            ready = newcomers + ready
+            ready.insert(contentsOf: newcomers, at: 0)
             lanesThisRound = handledInTurn ? newcomers.count : ready.count
-            newcomers = []
+            newcomers.removeAll(keepingCapacity: true)
         }
         guard !ready.isEmpty else { return false }
         let arrivalsAtStart = arrivals.load(ordering: .relaxed)
-        var picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []
-        var lines: [ArraySlice<UInt8>] = []
+        // The turn's lists are the sequencer's, emptied after each turn with
+        // their storage kept: a turn of one request allocates none of them.
+        var picked = turnPicked
+        var lines = turnLines
+        turnPicked = []
+        turnLines = []
+        defer {
+            picked.removeAll(keepingCapacity: picked.capacity <= 4096)
+            lines.removeAll(keepingCapacity: lines.capacity <= 4096)
+            turnPicked = picked
+            turnLines = lines
+        }
         var preparsed: [(index: Int, parsed: Engine.ParsedLine)] = []
         var preparsedLanes: [Int: Engine.ParsedLine] = [:]
         var bytesTaken = 0
@@ -560,28 +575,16 @@ final class Sequencer: @unchecked Sendable {
         // doubling (1, 2, 4, …; in parallel once it is long): a turn that
         // runs out of time has parsed at most twice the lines it handled,
         // and parses the rest again next turn — not the whole round.
-        var parsed = [Engine.ParsedLine?](repeating: nil, count: lines.count)
+        var parsed = turnParsed
+        turnParsed = []
+        parsed.append(contentsOf: repeatElement(nil, count: lines.count))
+        defer {
+            parsed.removeAll(keepingCapacity: parsed.capacity <= 4096)
+            turnParsed = parsed
+        }
         for (i, p) in preparsed { parsed[i] = p }
         var parsedEnd = 0
         var chunk = 1
-        func parseMore() {
-            let range = parsedEnd..<min(lines.count, parsedEnd + chunk)
-            parsedEnd = range.upperBound
-            if chunk < 4096 { chunk *= 2 }
-            let parser = engine.lineParser
-            if range.count >= pool.inlineBelow {
-                parsed.withUnsafeMutableBufferPointer { out in
-                    let out = out
-                    let lines = lines
-                    pool.forEach(range.count) { k in
-                        let i = range.lowerBound + k
-                        if out[i] == nil { out[i] = Engine.parse(lines[i], parser: parser) }
-                    }
-                }
-            } else {
-                for i in range where parsed[i] == nil { parsed[i] = Engine.parse(lines[i], parser: parser) }
-            }
-        }
         var next = 0
         var handled = 0
         var arrived = false
@@ -613,7 +616,7 @@ final class Sequencer: @unchecked Sendable {
                 handled += 1
                 switch slice[i] {
                 case .line:
-                    if next >= parsedEnd { parseMore() }
+                    if next >= parsedEnd { parseMore(lines, &parsed, end: &parsedEnd, chunk: &chunk) }
                     let before = engine.seq
                     engine.handle(parsed[next]!, from: lane.id)
                     next += 1
@@ -637,7 +640,8 @@ final class Sequencer: @unchecked Sendable {
         }
         // Compact the lanes; a lane that emptied leaves the round-robin list
         // (and the connection, if it closed meanwhile).
-        var stillReady: [Lane] = []
+        var stillReady = turnStillReady
+        turnStillReady = []
         stillReady.reserveCapacity(ready.count)
         for lane in ready {
             if lane.queued {
@@ -657,7 +661,9 @@ final class Sequencer: @unchecked Sendable {
                 }
             }
         }
-        ready = stillReady
+        swap(&ready, &stillReady)
+        stillReady.removeAll(keepingCapacity: stillReady.capacity <= 4096)
+        turnStillReady = stillReady
         // Fairness across turns: the next one starts with the lane this one
         // stopped in when that lane got nothing, else with the one after it —
         // so a lane whose every line outlasts the budget gets one line per
@@ -668,6 +674,26 @@ final class Sequencer: @unchecked Sendable {
             if first > 0 { ready = Array(ready[first...] + ready[..<first]) }
         }
         return true
+    }
+
+    /// Parses the next chunk of the turn's lines (a chunk ahead of the one
+    /// handled, the chunk doubling: 1, 2, 4, …; on the pool once it is long).
+    private func parseMore(_ lines: [ArraySlice<UInt8>], _ parsed: inout [Engine.ParsedLine?], end parsedEnd: inout Int, chunk: inout Int) {
+        let range = parsedEnd..<min(lines.count, parsedEnd + chunk)
+        parsedEnd = range.upperBound
+        if chunk < 4096 { chunk *= 2 }
+        let parser = engine.lineParser
+        if range.count >= pool.inlineBelow {
+            parsed.withUnsafeMutableBufferPointer { out in
+                let out = out
+                pool.forEach(range.count) { k in
+                    let i = range.lowerBound + k
+                    if out[i] == nil { out[i] = Engine.parse(lines[i], parser: parser) }
+                }
+            }
+        } else {
+            for i in range where parsed[i] == nil { parsed[i] = Engine.parse(lines[i], parser: parser) }
+        }
     }
 
     /// Lines a turn took but did not handle (its time ran out) go back to

@@ -40,7 +40,7 @@ extension Server {
         }, 3000, 0))
         drainTimer = t
         for conn in Array(connections.values) {
-            if conn.inFlight == nil && conn.queued.isEmpty {
+            if !conn.writing && conn.queued.isEmpty {
                 closeConnection(conn, reason: "server shutdown")
             } else {
                 conn.closeWhenFlushed = true

@@ -16,7 +16,14 @@ extension Server {
 
     func deliveriesArrived() {
         var tookInput = false
-        for d in bridge.take() {
+        var taken: [Sequencer.Delivery] = []
+        swap(&taken, &deliveryScratch)
+        defer {
+            taken.removeAll(keepingCapacity: taken.capacity <= 64)
+            swap(&taken, &deliveryScratch)
+        }
+        bridge.take(into: &taken)
+        for d in taken {
             // Small outputs first (a response, a few events), then the rest:
             // writes go out in this order, and a ping's answer should not
             // wait behind a fan-out's hundreds of kilobytes to other readers.
@@ -53,27 +60,26 @@ extension Server {
         }
         conn.queued.append(contentsOf: segments)
         conn.queuedBytes += n
-        if conn.inFlight == nil { writeQueued(conn) }
+        if !conn.writing { writeQueued(conn) }
         checkOutput(conn)
     }
 
     /// Starts one vectored write of everything queued.
     func writeQueued(_ conn: Connection) {
-        guard conn.inFlight == nil, !conn.queued.isEmpty, !conn.closing else { return }
-        let ctx = WriteContext(connection: conn, segments: conn.queued)
-        conn.queued = []
-        conn.queuedBytes = 0
-        let req = UnsafeMutablePointer<uv_write_t>.allocate(capacity: 1)
-        req.pointee.data = Unmanaged.passRetained(ctx).toOpaque()
-        let rc = uv_write(req, conn.stream, ctx.bufs, UInt32(ctx.segments.count)) { req, status in
-            let ctx = Unmanaged<WriteContext>.fromOpaque(req!.pointee.data).takeRetainedValue()
-            req!.deallocate()
-            let conn = ctx.connection
-            conn.inFlight = nil
-            conn.flow.unsent.subtract(ctx.byteCount, ordering: .relaxed)
+        guard !conn.writing, !conn.queued.isEmpty, !conn.closing else { return }
+        conn.beginWrite()
+        let req = conn.writeRequest
+        // The connection is kept until the callback (which libuv calls, with
+        // UV_ECANCELED, also when the connection closes first).
+        req.pointee.data = Unmanaged.passRetained(conn).toOpaque()
+        let rc = uv_write(req, conn.stream, conn.bufs, UInt32(conn.inFlight.count)) { req, status in
+            let conn = Unmanaged<Connection>.fromOpaque(req!.pointee.data).takeRetainedValue()
+            let bytes = conn.inFlightBytes
+            conn.endWrite()
+            conn.flow.unsent.subtract(bytes, ordering: .relaxed)
             guard !conn.closing else { return }
             let server = Server.serverOf(connectionHandle: conn.handle)
-            if status >= 0 { server.metrics.bytesOut.increment(by: ctx.byteCount) }
+            if status >= 0 { server.metrics.bytesOut.increment(by: bytes) }
             if status < 0 {
                 server.closeConnection(conn, reason: "write failed: \(uvErrorName(Int(status)))")
                 return
@@ -84,12 +90,12 @@ extension Server {
         do {
             try uvCall("uv_write", rc)
         } catch {
-            Unmanaged<WriteContext>.fromOpaque(req.pointee.data).release()
-            req.deallocate()
+            Unmanaged<Connection>.fromOpaque(req.pointee.data).release()
+            conn.flow.unsent.subtract(conn.inFlightBytes, ordering: .relaxed)
+            conn.endWrite()
             closeConnection(conn, reason: "write failed: \(error)")
             return
         }
-        conn.inFlight = ctx
     }
 
     /// After every write and delivery: the hard limit, the end of a coalescing
@@ -97,7 +103,7 @@ extension Server {
     func checkOutput(_ conn: Connection) {
         guard !conn.closing else { return }
         if conn.closeWhenFlushed {
-            if conn.inFlight == nil && conn.queued.isEmpty { closeConnection(conn, reason: conn.closeReason) }
+            if !conn.writing && conn.queued.isEmpty { closeConnection(conn, reason: conn.closeReason) }
             return
         }
         let unsent = conn.unsentNow
@@ -118,7 +124,7 @@ extension Server {
             conn.closeWhenFlushed = true
             conn.closeReason = "output limit exceeded"
             updateReading(conn)
-            if conn.inFlight == nil { closeConnection(conn, reason: conn.closeReason) }
+            if !conn.writing { closeConnection(conn, reason: conn.closeReason) }
             startOverflowTimer()
             return
         }
