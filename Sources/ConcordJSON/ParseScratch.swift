@@ -72,17 +72,24 @@ struct ShortStrings {
 
     let bytes: UnsafeMutablePointer<Bytes>
     let strings: UnsafeMutablePointer<String>
+    /// `smallLayout`, read once: a static's value is reached through
+    /// `swift_once` at every use, and this one is used for every short string.
+    let madeFromWords: Bool
+    /// Slots of the table: none where strings are made from their words.
+    private let tableSlots: Int
 
     init() {
-        bytes = .allocate(capacity: Self.slots)
-        bytes.initialize(repeating: Bytes(w0: 0, w1: 0, count: -1), count: Self.slots)
-        strings = .allocate(capacity: Self.slots)
-        strings.initialize(repeating: "", count: Self.slots)
+        madeFromWords = Self.smallLayout
+        tableSlots = madeFromWords ? 0 : Self.slots
+        bytes = .allocate(capacity: tableSlots)
+        bytes.initialize(repeating: Bytes(w0: 0, w1: 0, count: -1), count: tableSlots)
+        strings = .allocate(capacity: tableSlots)
+        strings.initialize(repeating: "", count: tableSlots)
     }
 
     func free() {
         bytes.deallocate()
-        strings.deinitialize(count: Self.slots)
+        strings.deinitialize(count: tableSlots)
         strings.deallocate()
     }
 
@@ -134,7 +141,7 @@ struct ShortStrings {
         }
         // The string is its two words and a tag: no table needed where the
         // runtime lays small strings out as checked once (`smallLayout`).
-        if Self.smallLayout { return Self.small(w0, w1, count: count) }
+        if madeFromWords { return Self.small(w0, w1, count: count) }
         let h = (w0 &* 0x9E37_79B9_7F4A_7C15) ^ (w1 &* 0xC2B2_AE3D_27D4_EB4F) ^ UInt64(count)
         let i = Int(truncatingIfNeeded: (h &* 0xFF51_AFD7_ED55_8CCD) &>> 56)
         let b = bytes + i
