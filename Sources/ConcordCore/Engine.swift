@@ -144,7 +144,7 @@ public final class Engine {
     /// The render plan's job list, kept (empty) between mutations.
     var jobsScratch: [RenderPlan.Job] = []
 
-    var clients: [ConnectionID: ClientSession] = [:]
+    var clients = ConnectionMap<ClientSession>()
     var dirtyClients: [ClientSession] = []
     /// Connections whose queued bytes went past `outputSoftBytes` when they
     /// were last marked dirty: what `checkCongestion` looks at (not every

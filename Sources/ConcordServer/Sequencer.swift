@@ -144,7 +144,7 @@ final class Sequencer: @unchecked Sendable {
             self.flow = flow
         }
     }
-    @exclusivity(unchecked) private var lanes: [ConnectionID: Lane] = [:]
+    @exclusivity(unchecked) private var lanes = ConnectionMap<Lane>()
     /// Lanes that got lines while idle, since the last round: the next
     /// round takes them first, and the turn delivers after that round.
     @exclusivity(unchecked) private var newcomers: [Lane] = []

@@ -36,7 +36,7 @@ public final class Server {
     @exclusivity(unchecked) var drainTimer: UnsafeMutablePointer<uv_timer_t>?
     @exclusivity(unchecked) var overflowTimer: UnsafeMutablePointer<uv_timer_t>?
     /// Connections not being read (flow control), to look at again when something drains.
-    @exclusivity(unchecked) var stalled: [ConnectionID: Connection] = [:]
+    @exclusivity(unchecked) var stalled = ConnectionMap<Connection>()
     /// Bytes of unfinished lines held by all framers, and who may exceed the budget.
     @exclusivity(unchecked) var unfinishedTotal = 0
     @exclusivity(unchecked) var lineGrant: ConnectionID?
@@ -76,7 +76,7 @@ public final class Server {
         }
     }
     var metrics: ServerMetrics { sequencer.metrics }
-    @exclusivity(unchecked) var connections: [ConnectionID: Connection] = [:]
+    @exclusivity(unchecked) var connections = ConnectionMap<Connection>()
     @exclusivity(unchecked) var nextID = 1
     let readBuffer = UnsafeMutableRawPointer.allocate(byteCount: 1 << 16, alignment: 16)
     @exclusivity(unchecked) var shuttingDown = false
