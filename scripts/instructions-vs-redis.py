@@ -7,6 +7,8 @@
 # thread, user space; (I_N - I_0) / N is one update with its S deliveries.
 # valgrind 3.19 cannot read the DWARF 5 of Swift 6.3 binaries: the server is
 # run from a copy made with `objcopy --strip-debug`.
+# A last row sends the updates one at a time (each after the previous
+# answer) to both, with one subscriber: the hand-off path's cost.
 #   usage: scripts/instructions-vs-redis.py CONCORD_SERVER [REDIS_SERVER] [--subs 1,10,100] [-n 2000]
 # Fails (exit 1) when a run measured nothing.
 import json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
@@ -132,6 +134,26 @@ def run_redis(binary, subs, n, d):
     p.send_signal(signal.SIGTERM); p.wait(600)
     return total(out)
 
+def run_redis_sequential(binary, n, d):
+    """N PUBLISHes one at a time (each after the previous reply), one subscriber."""
+    sock = d + "/rs.sock"; out = f"{d}/redis.seq.{n}.out"
+    p = callgrind([binary, "--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no", "--dir", d,
+                   "--client-output-buffer-limit", "pubsub 0 0 0"], out)
+    w = wait_socket(sock, p)
+    s = socket.socket(socket.AF_UNIX); s.connect(sock)
+    s.sendall(b"SUBSCRIBE ch\r\n")
+    got = b""
+    while got.count(b"\r\n") < 6: got += s.recv(4096)
+    r = Reader(s, b"$7\r\nmessage\r\n", n); r.start()
+    wf = w.makefile("rb")
+    for i in range(n):
+        m = document(i).encode()
+        w.sendall(b"*3\r\n$7\r\nPUBLISH\r\n$2\r\nch\r\n$%d\r\n%s\r\n" % (len(m), m))
+        wf.readline()
+    r.done.wait(600)
+    p.send_signal(signal.SIGTERM); p.wait(600)
+    return total(out)
+
 def main():
     d = tempfile.mkdtemp(prefix="concord-instr.")
     stripped = d + "/concord-server.nodebug"
@@ -153,6 +175,15 @@ def main():
         if c <= 0 or r <= 0:
             print(f"{s:>11} | measured nothing (concord {c:.0f}, redis {r:.0f}); logs in {d}"); failed = True; continue
         print(f"{s:>11} | {c:>20,.0f} | {r:>19,.0f} | {c / r:.2f}x", flush=True)
+    # One update at a time (each after the previous answer), one subscriber:
+    # what a client that waits for its answers costs, hand-offs included.
+    n = max(200, N // 2)
+    c = (run_concord_sequential(stripped, n, d, False) - run_concord_sequential(stripped, 0, d, False)) / n
+    r = (run_redis_sequential(REDIS, n, d) - run_redis_sequential(REDIS, 0, d)) / n
+    if c <= 0 or r <= 0:
+        print(f"{'1, one at a time':>11} | measured nothing (concord {c:.0f}, redis {r:.0f}); logs in {d}"); failed = True
+    else:
+        print(f"{'1, one at a time':>11} | {c:>20,.0f} | {r:>19,.0f} | {c / r:.2f}x", flush=True)
     if failed: sys.exit(1)
     # Measured: the profiles (~30 MB) go; a failed run keeps them for its logs.
     shutil.rmtree(d, ignore_errors=True)
