@@ -5,9 +5,10 @@
 /// path); connection numbers are handed out by the server, not chosen by a
 /// client, so a multiplicative hash of the number is enough here.
 ///
-/// Open addressing, linear probing, at most half full (doubling), removal
-/// by backward shift (no tombstones). Iteration is in slot order: the same
-/// operations give the same order (a `Dictionary`'s is seeded per process).
+/// Open addressing, linear probing, at most half full (doubling; halved
+/// when under an eighth full), removal by backward shift (no tombstones).
+/// Iteration is in slot order: the same operations give the same order (a
+/// `Dictionary`'s is seeded per process).
 public struct ConnectionMap<Value> {
     @usableFromInline var slotKeys: [ConnectionID] = []
     @usableFromInline var slotValues: [Value?] = []
@@ -90,6 +91,8 @@ public struct ConnectionMap<Value> {
         slotKeys[hole] = Self.empty
         slotValues[hole] = nil
         storedCount -= 1
+        // A table that once held many connections does not stay that large.
+        if slotKeys.count > 64 && storedCount * 8 < slotKeys.count { resize(slotKeys.count / 2) }
         return removed
     }
 
@@ -99,10 +102,11 @@ public struct ConnectionMap<Value> {
         storedCount = 0
     }
 
-    @inlinable mutating func grow() {
+    @inlinable mutating func grow() { resize(Swift.max(8, slotKeys.count * 2)) }
+
+    @inlinable mutating func resize(_ size: Int) {
         let oldKeys = slotKeys
         let oldValues = slotValues
-        let size = Swift.max(8, slotKeys.count * 2)
         slotKeys = [ConnectionID](repeating: Self.empty, count: size)
         slotValues = [Value?](repeating: nil, count: size)
         let mask = size - 1
