@@ -10,8 +10,8 @@ final class Bridge: @unchecked Sendable {
     // Sendable: `pending` is guarded by `condition`; `async` is only passed to
     // uv_async_send, the one libuv call that is safe from any thread.
     private let condition = Condition()
-    @exclusivity(unchecked) private var pending: [Sequencer.Delivery] = []
-    @exclusivity(unchecked) private var closed = false
+    private var pending: [Sequencer.Delivery] = []
+    private var closed = false
     let async: UnsafeMutablePointer<uv_async_t>
 
     init(async: UnsafeMutablePointer<uv_async_t>) { self.async = async }

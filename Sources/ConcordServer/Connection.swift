@@ -10,36 +10,36 @@ import Glibc
 final class Connection {
     let id: ConnectionID
     let pipe: UnsafeMutablePointer<uv_pipe_t>
-    @exclusivity(unchecked) var framer: LineFramer
+    var framer: LineFramer
     let flow = ConnectionFlow()
-    @exclusivity(unchecked) var closing = false
+    var closing = false
     /// Close once the last queued write completes (shutdown, or over the hard limit).
-    @exclusivity(unchecked) var closeWhenFlushed = false
-    @exclusivity(unchecked) var closeReason = ""
+    var closeWhenFlushed = false
+    var closeReason = ""
     /// Output handed over by the core, waiting for the write in flight.
-    @exclusivity(unchecked) var queued: [OutputChunk] = []
-    @exclusivity(unchecked) var queuedBytes = 0
+    var queued: [OutputChunk] = []
+    var queuedBytes = 0
     /// The one write in flight (whole lines only, so a close never cuts a
     /// line): its chunks, kept alive until libuv is done with them, and their
     /// bytes. `queued` and `inFlight` trade storage at each write, so a
     /// connection that writes steadily allocates no list per write.
-    @exclusivity(unchecked) var inFlight: [OutputChunk] = []
-    @exclusivity(unchecked) var inFlightBytes = 0
-    @exclusivity(unchecked) var writing = false
+    var inFlight: [OutputChunk] = []
+    var inFlightBytes = 0
+    var writing = false
     /// That write's request and buffer list: one per connection, reused (the
     /// list grows to the most chunks one write has had).
     let writeRequest = UnsafeMutablePointer<uv_write_t>.allocate(capacity: 1)
-    @exclusivity(unchecked) private(set) var bufs = UnsafeMutablePointer<uv_buf_t>.allocate(capacity: 4)
-    @exclusivity(unchecked) private var bufsCapacity = 4
-    @exclusivity(unchecked) var reading = false
+    private(set) var bufs = UnsafeMutablePointer<uv_buf_t>.allocate(capacity: 4)
+    private var bufsCapacity = 4
+    var reading = false
     /// When lines of it last went to the sequencer (monotonic seconds).
-    @exclusivity(unchecked) var lastSubmit = -Double.infinity
+    var lastSubmit = -Double.infinity
     /// Unfinished-line bytes this connection's framer holds, as last counted.
-    @exclusivity(unchecked) var unfinished = 0
+    var unfinished = 0
     /// The coalescing episode whose drain was last reported to the core.
-    @exclusivity(unchecked) var drainReported = 0
+    var drainReported = 0
     /// Seconds spent over the hard limit with a write that does not finish.
-    @exclusivity(unchecked) var overflowTicks = 0
+    var overflowTicks = 0
 
     init(id: ConnectionID, pipe: UnsafeMutablePointer<uv_pipe_t>, maxLineBytes: Int) {
         self.id = id

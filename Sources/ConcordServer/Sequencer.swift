@@ -97,10 +97,10 @@ final class Sequencer: @unchecked Sendable {
     /// Cluster mode: log entries the loop read and the core has not applied (the reader pauses above a bound).
     let clusterQueued = Atomic<Int>(0)
     /// Cluster mode: entries read from the log, applied in order, a turn's budget at a time.
-    @exclusivity(unchecked) private var logQueue: [ClusterEntry] = []
-    @exclusivity(unchecked) private var logHead = 0
-    @exclusivity(unchecked) private var loggedBroken = false
-    @exclusivity(unchecked) private var readySent = false
+    private var logQueue: [ClusterEntry] = []
+    private var logHead = 0
+    private var loggedBroken = false
+    private var readySent = false
     /// Cluster mode: entries between snapshots (and state digests); 0: none.
     private let snapshotEvery: Int
     /// A snapshot is being encoded (one at a time).
@@ -110,7 +110,7 @@ final class Sequencer: @unchecked Sendable {
     var clusterLocal: ClusterLocalCopy?
 
     private let condition = Condition()
-    @exclusivity(unchecked) private var inbox: [Input] = []
+    private var inbox: [Input] = []
     private let engine: Engine
     private let pool: WorkerPool
     private let logger: Logger
@@ -118,59 +118,59 @@ final class Sequencer: @unchecked Sendable {
     private let statsSource: ServerStatsSource
     let metrics: ServerMetrics
     /// Read times of the mutations applied since the last delivery (sampled).
-    @exclusivity(unchecked) private var mutationsReadAt: [Double] = []
+    private var mutationsReadAt: [Double] = []
     private let linesPerTurn: Int
     private var bigLines: BigLineParser!
     private let turnBudget: Double
     private let shutdownTimeout: Double
-    @exclusivity(unchecked) private var storage: StorageThread?
+    private var storage: StorageThread?
 
     /// One connection's lines, not yet handed to the engine.
     private final class Lane {
         let id: ConnectionID
         let flow: ConnectionFlow
-        @exclusivity(unchecked) var frames: [LineFramer.Frame] = []
+        var frames: [LineFramer.Frame] = []
         /// When each frame was read, parallel to `frames`.
-        @exclusivity(unchecked) var readAt: [Double] = []
-        @exclusivity(unchecked) var head = 0
+        var readAt: [Double] = []
+        var head = 0
         /// The connection closed: close it in the engine once its lines are answered.
-        @exclusivity(unchecked) var closeAfter = false
+        var closeAfter = false
         /// The head line is long and being parsed off the sequencer; then its parse.
-        @exclusivity(unchecked) var parsing = false
-        @exclusivity(unchecked) var preparsed: Engine.ParsedLine?
+        var parsing = false
+        var preparsed: Engine.ParsedLine?
         var queued: Bool { head < frames.count }
         init(id: ConnectionID, flow: ConnectionFlow) {
             self.id = id
             self.flow = flow
         }
     }
-    @exclusivity(unchecked) private var lanes = ConnectionMap<Lane>()
+    private var lanes = ConnectionMap<Lane>()
     /// Lanes that got lines while idle, since the last round: the next
     /// round takes them first, and the turn delivers after that round.
-    @exclusivity(unchecked) private var newcomers: [Lane] = []
+    private var newcomers: [Lane] = []
     /// The last round served newcomers first.
-    @exclusivity(unchecked) private var newcomerRound = false
+    private var newcomerRound = false
     /// Whether a round of the current turn already ran.
-    @exclusivity(unchecked) private var handledInTurn = false
+    private var handledInTurn = false
     /// Lanes with lines, in the order they got them (round-robin order).
-    @exclusivity(unchecked) private var ready: [Lane] = []
+    private var ready: [Lane] = []
     /// A turn's lists, kept between turns (emptied, their storage kept).
-    @exclusivity(unchecked) private var turnPicked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []
-    @exclusivity(unchecked) private var turnLines: [ArraySlice<UInt8>] = []
-    @exclusivity(unchecked) private var turnParsed: [Engine.ParsedLine?] = []
-    @exclusivity(unchecked) private var turnStillReady: [Lane] = []
-    @exclusivity(unchecked) private var shutdownDeadline: Double?
-    @exclusivity(unchecked) private var drainedSent = false
-    @exclusivity(unchecked) private var durability = Durability.async
-    @exclusivity(unchecked) private var syncTimeout = 5.0
+    private var turnPicked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []
+    private var turnLines: [ArraySlice<UInt8>] = []
+    private var turnParsed: [Engine.ParsedLine?] = []
+    private var turnStillReady: [Lane] = []
+    private var shutdownDeadline: Double?
+    private var drainedSent = false
+    private var durability = Durability.async
+    private var syncTimeout = 5.0
     /// Since when the backend fails to store (nil: it stores).
-    @exclusivity(unchecked) private var failingSince: Double?
-    @exclusivity(unchecked) private var failingMessage = ""
+    private var failingSince: Double?
+    private var failingMessage = ""
     /// Sync durability: deliveries wait until the backend stored every
     /// mutation they show (`tag` is the last seq applied when they were made).
-    @exclusivity(unchecked) private var held: [(tag: Int, delivery: Delivery)] = []
+    private var held: [(tag: Int, delivery: Delivery)] = []
     /// Mutations up to this seq were answered as not durable: what shows them is not held.
-    @exclusivity(unchecked) private var releasedThrough = 0
+    private var releasedThrough = 0
 
     init(configuration: ServerConfiguration, logger: Logger, deliver: @escaping @Sendable (Delivery) -> Void) {
         pool = WorkerPool(threads: configuration.threads, inlineBelow: configuration.parallelThreshold)

@@ -20,45 +20,38 @@ public struct StartupError: Error, CustomStringConvertible {
 /// `concord-server`: the libuv loop (socket I/O only) in front of the
 /// sequencer thread and its workers. See docs/ARCHITECTURE.md.
 public final class Server {
-    // `@exclusivity(unchecked)` on the stored properties here, in
-    // `Connection`, `Bridge` and `Sequencer`: each is touched by one thread
-    // (the loop's, the sequencer's) or under a lock, and no method holds an
-    // access across a call that could reach the same property, so the
-    // runtime's dynamic exclusivity checks (~80 instructions each, ~45 per
-    // request on the hand-off path) check nothing there. ThreadSanitizer
-    // runs (`make sanitize`) check the threads' part.
     let configuration: ServerConfiguration
     let logger: Logger
     let loop: UnsafeMutablePointer<uv_loop_t>
-    @exclusivity(unchecked) var listener: UnsafeMutablePointer<uv_pipe_t>?
+    var listener: UnsafeMutablePointer<uv_pipe_t>?
     let wakeHandle: UnsafeMutablePointer<uv_async_t>
-    @exclusivity(unchecked) var signalHandles: [UnsafeMutablePointer<uv_signal_t>] = []
-    @exclusivity(unchecked) var drainTimer: UnsafeMutablePointer<uv_timer_t>?
-    @exclusivity(unchecked) var overflowTimer: UnsafeMutablePointer<uv_timer_t>?
+    var signalHandles: [UnsafeMutablePointer<uv_signal_t>] = []
+    var drainTimer: UnsafeMutablePointer<uv_timer_t>?
+    var overflowTimer: UnsafeMutablePointer<uv_timer_t>?
     /// Connections not being read (flow control), to look at again when something drains.
-    @exclusivity(unchecked) var stalled = ConnectionMap<Connection>()
+    var stalled = ConnectionMap<Connection>()
     /// Bytes of unfinished lines held by all framers, and who may exceed the budget.
-    @exclusivity(unchecked) var unfinishedTotal = 0
-    @exclusivity(unchecked) var lineGrant: ConnectionID?
+    var unfinishedTotal = 0
+    var lineGrant: ConnectionID?
     /// Accepts that failed in the current episode.
-    @exclusivity(unchecked) var acceptFailures = 0
+    var acceptFailures = 0
     /// Descriptors open before any connection, and the process's limit.
-    @exclusivity(unchecked) var fdBaseline = 0
-    @exclusivity(unchecked) var fdLimit = Int.max
-    @exclusivity(unchecked) var atDescriptorLimit = false
+    var fdBaseline = 0
+    var fdLimit = Int.max
+    var atDescriptorLimit = false
     /// Refused peers by uid: refusals not logged since the episode began (``noteRefusal(_:)``).
-    @exclusivity(unchecked) var refusals: [UInt32: (count: Int, since: Double)] = [:]
+    var refusals: [UInt32: (count: Int, since: Double)] = [:]
     let bridge: Bridge
     /// The list `deliveriesArrived` takes deliveries into (kept: no list per hand-off).
-    @exclusivity(unchecked) var deliveryScratch: [Sequencer.Delivery] = []
-    @exclusivity(unchecked) var sequencer: Sequencer!
-    @exclusivity(unchecked) var metricsEndpoint: MetricsEndpoint?
+    var deliveryScratch: [Sequencer.Delivery] = []
+    var sequencer: Sequencer!
+    var metricsEndpoint: MetricsEndpoint?
     /// Cluster mode: the link to the shared log (on this loop).
-    @exclusivity(unchecked) var clusterLink: (any ClusterLogLink)?
+    var clusterLink: (any ClusterLogLink)?
     /// Cluster mode with a local backend: this host's copy of the state (closed after the loop).
-    @exclusivity(unchecked) var clusterLocal: ClusterLocalCopy?
+    var clusterLocal: ClusterLocalCopy?
     /// Cluster mode: listening began late (after catching up) and failed.
-    @exclusivity(unchecked) var lateStartupFailure: StartupError?
+    var lateStartupFailure: StartupError?
 
     /// Cluster mode: the core caught up with the log (or stopped following
     /// it, so that operators can see why): now the socket is served.
@@ -76,12 +69,12 @@ public final class Server {
         }
     }
     var metrics: ServerMetrics { sequencer.metrics }
-    @exclusivity(unchecked) var connections = ConnectionMap<Connection>()
-    @exclusivity(unchecked) var nextID = 1
+    var connections = ConnectionMap<Connection>()
+    var nextID = 1
     let readBuffer = UnsafeMutableRawPointer.allocate(byteCount: 1 << 16, alignment: 16)
-    @exclusivity(unchecked) var shuttingDown = false
-    @exclusivity(unchecked) var drained = false
-    @exclusivity(unchecked) var finished = false
+    var shuttingDown = false
+    var drained = false
+    var finished = false
 
     public init(configuration: ServerConfiguration, logger: Logger) {
         self.configuration = configuration
