@@ -381,7 +381,8 @@ final class Sequencer: @unchecked Sendable {
             if !lane.queued {
                 if newcomer { newcomers.append(lane) } else { ready.append(lane) }
             }
-            lane.frames.append(contentsOf: frames)
+            // An empty lane takes the read's list as it is (no copy of its frames).
+            if lane.frames.isEmpty { lane.frames = frames } else { lane.frames.append(contentsOf: frames) }
             lane.readAt.append(contentsOf: repeatElement(readAt, count: frames.count))
         case .metrics(let token):
             // Straight to the loop: a scrape never waits behind held (sync) output.

@@ -23,42 +23,48 @@ extension Server {
             swap(&taken, &deliveryScratch)
         }
         bridge.take(into: &taken)
-        for d in taken {
+        for di in taken.indices {
             // Small outputs first (a response, a few events), then the rest:
             // writes go out in this order, and a ping's answer should not
             // wait behind a fan-out's hundreds of kilobytes to other readers.
-            var large: [(ConnectionID, [OutputChunk], Int)] = []
-            for (id, segments) in d.outputs {
+            var large: [(output: Int, bytes: Int)] = []
+            for oi in taken[di].outputs.indices {
                 var n = 0
-                for s in segments { n += s.count }
-                if n <= Self.smallOutput { queueOutput(id, segments, n) } else { large.append((id, segments, n)) }
+                for s in taken[di].outputs[oi].1 { n += s.count }
+                if n <= Self.smallOutput {
+                    queueOutput(taken[di].outputs[oi].0, &taken[di].outputs[oi].1, n)
+                } else {
+                    large.append((oi, n))
+                }
             }
-            for (id, segments, n) in large { queueOutput(id, segments, n) }
-            if !d.mutationsReadAt.isEmpty {
+            for (oi, n) in large { queueOutput(taken[di].outputs[oi].0, &taken[di].outputs[oi].1, n) }
+            if !taken[di].mutationsReadAt.isEmpty {
                 let now = monotonicSeconds()
-                for t in d.mutationsReadAt { metrics.latency.recordNanoseconds(Int64(max(0, now - t) * 1e9)) }
+                for t in taken[di].mutationsReadAt { metrics.latency.recordNanoseconds(Int64(max(0, now - t) * 1e9)) }
             }
-            for (token, text) in d.metrics { metricsEndpoint?.respond(token: token, text: text) }
-            if d.clusterReady { clusterReady() }
-            if d.clusterResyncWanted { clusterLink?.resync() }
-            if !d.clusterAppends.isEmpty { clusterLink?.append(d.clusterAppends) }
-            if d.clusterHeadWanted { clusterLink?.fetchHead() }
-            if let snap = d.clusterSnapshot { clusterLink?.snapshotTaken(snap.bytes, offset: snap.offset, streamID: snap.streamID, sum: snap.sum) }
-            if d.inputTaken { tookInput = true }
-            if d.drained { startClosing() }
+            for (token, text) in taken[di].metrics { metricsEndpoint?.respond(token: token, text: text) }
+            if taken[di].clusterReady { clusterReady() }
+            if taken[di].clusterResyncWanted { clusterLink?.resync() }
+            if !taken[di].clusterAppends.isEmpty { clusterLink?.append(taken[di].clusterAppends) }
+            if taken[di].clusterHeadWanted { clusterLink?.fetchHead() }
+            if let snap = taken[di].clusterSnapshot { clusterLink?.snapshotTaken(snap.bytes, offset: snap.offset, streamID: snap.streamID, sum: snap.sum) }
+            if taken[di].inputTaken { tookInput = true }
+            if taken[di].drained { startClosing() }
         }
         if tookInput { recheckStalled() }
     }
 
     /// Queues a delivery's `n` bytes for connection `id` and starts its write.
-    private func queueOutput(_ id: ConnectionID, _ segments: [OutputChunk], _ n: Int) {
+    /// The chunks are taken from `segments` (into an empty queue by trading
+    /// lists: no copy of the chunks, no retain and release of each).
+    private func queueOutput(_ id: ConnectionID, _ segments: inout [OutputChunk], _ n: Int) {
         guard let conn = connections[id], !conn.closing else { return }
         if conn.closeWhenFlushed && !shuttingDown {
             // Over the hard limit: nothing more is queued for it.
             conn.flow.unsent.subtract(n, ordering: .relaxed)
             return
         }
-        conn.queued.append(contentsOf: segments)
+        if conn.queued.isEmpty { swap(&conn.queued, &segments) } else { conn.queued.append(contentsOf: segments) }
         conn.queuedBytes += n
         if !conn.writing { writeQueued(conn) }
         checkOutput(conn)
