@@ -166,24 +166,24 @@ def main():
         print(f"one update at a time, 1 key subscriber: plain {plain:,.0f}, with if_unchanged_since {cond:,.0f} instructions ({cond - plain:+,.0f})")
         shutil.rmtree(d, ignore_errors=True)
         return
-    print(f"{'subscribers':>11} | {'Concord instr/update':>20} | {'Redis instr/PUBLISH':>19} | ratio")
+    print(f"{'subscribers':>17} | {'Concord instr/update':>20} | {'Redis instr/PUBLISH':>19} | ratio")
     failed = False
     for s in SUBS:
         n = N if s < 100 else max(200, N // 5)
         c = (run_concord(stripped, s, n, d) - run_concord(stripped, s, 0, d)) / n
         r = (run_redis(REDIS, s, n, d) - run_redis(REDIS, s, 0, d)) / n
         if c <= 0 or r <= 0:
-            print(f"{s:>11} | measured nothing (concord {c:.0f}, redis {r:.0f}); logs in {d}"); failed = True; continue
-        print(f"{s:>11} | {c:>20,.0f} | {r:>19,.0f} | {c / r:.2f}x", flush=True)
+            print(f"{s:>17} | measured nothing (concord {c:.0f}, redis {r:.0f}); logs in {d}"); failed = True; continue
+        print(f"{s:>17} | {c:>20,.0f} | {r:>19,.0f} | {c / r:.2f}x", flush=True)
     # One update at a time (each after the previous answer), one subscriber:
     # what a client that waits for its answers costs, hand-offs included.
     n = max(200, N // 2)
     c = (run_concord_sequential(stripped, n, d, False) - run_concord_sequential(stripped, 0, d, False)) / n
     r = (run_redis_sequential(REDIS, n, d) - run_redis_sequential(REDIS, 0, d)) / n
     if c <= 0 or r <= 0:
-        print(f"{'1, one at a time':>11} | measured nothing (concord {c:.0f}, redis {r:.0f}); logs in {d}"); failed = True
+        print(f"{'1, one at a time':>17} | measured nothing (concord {c:.0f}, redis {r:.0f}); logs in {d}"); failed = True
     else:
-        print(f"{'1, one at a time':>11} | {c:>20,.0f} | {r:>19,.0f} | {c / r:.2f}x", flush=True)
+        print(f"{'1, one at a time':>17} | {c:>20,.0f} | {r:>19,.0f} | {c / r:.2f}x", flush=True)
     if failed: sys.exit(1)
     # Measured: the profiles (~30 MB) go; a failed run keeps them for its logs.
     shutil.rmtree(d, ignore_errors=True)
