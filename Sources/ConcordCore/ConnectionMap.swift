@@ -78,10 +78,7 @@ public struct ConnectionMap<Value> {
         var hole = found
         var j = (hole + 1) & mask
         while slotKeys[j] != Self.empty {
-            let h = home(slotKeys[j], mask: mask)
-            // Movable when its home is not in (hole, j] (cyclically).
-            let between = hole <= j ? (h > hole && h <= j) : (h > hole || h <= j)
-            if !between {
+            if movesIntoHole(home: home(slotKeys[j], mask: mask), hole: hole, slot: j) {
                 slotKeys[hole] = slotKeys[j]
                 slotValues[hole] = slotValues[j]
                 hole = j

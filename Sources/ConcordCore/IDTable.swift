@@ -143,8 +143,7 @@ struct IDTable<Value> {
             var j = (hole + 1) & mask
             while slots[j] >= 0 {
                 let home = Int(hashes[Int(slots[j])]) & mask
-                // Move j into the hole when its home is not in (hole, j] (cyclically).
-                if (j > hole && (home <= hole || home > j)) || (j < hole && (home <= hole && home > j)) {
+                if movesIntoHole(home: home, hole: hole, slot: j) {
                     slots[hole] = slots[j]
                     hole = j
                 }
@@ -428,4 +427,14 @@ enum IDHash {
         let f = mix(h, 0x8EBC_6AF0_9C88_C6E3)
         return UInt32(truncatingIfNeeded: f ^ (f >> 32))
     }
+}
+
+/// Backward-shift deletion in a linear-probing table (`IDTable`,
+/// `Identities`, `ConnectionMap`): whether the entry at `slot`, whose home
+/// is `home`, moves up into the `hole` — when its home is not in
+/// (hole, slot], cyclically; an entry whose home is there stays reachable
+/// where it is.
+@inlinable @inline(__always)
+func movesIntoHole(home: Int, hole: Int, slot j: Int) -> Bool {
+    (j > hole && (home <= hole || home > j)) || (j < hole && (home <= hole && home > j))
 }

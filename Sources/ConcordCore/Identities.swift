@@ -95,7 +95,7 @@ final class Identities {
         var j = (hole + 1) & mask
         while table[j] != 0 {
             let home = Int(hash(names[Int(table[j] - 1)])) & mask
-            if (j > hole && (home <= hole || home > j)) || (j < hole && (home <= hole && home > j)) {
+            if movesIntoHole(home: home, hole: hole, slot: j) {
                 table[hole] = table[j]
                 hole = j
             }

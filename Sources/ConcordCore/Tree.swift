@@ -619,19 +619,9 @@ struct Children: Sequence, Equatable, CustomStringConvertible {
     var count: Int { one == nil ? more.count : 1 }
     var keys: LazyMapSequence<Children, String> { lazy.map(\.id) }
 
-    /// An identity as a dictionary key that is its bytes: two identities are
-    /// the same entity when their bytes are ("é" composed and decomposed are
-    /// two entities, as in the store's tables), not when `String`'s `==`
-    /// (canonical equivalence) says so.
-    struct Key: Hashable {
-        let id: String
-        static func == (a: Key, b: Key) -> Bool { sameText(a.id, b.id) }
-        func hash(into hasher: inout Hasher) {
-            var id = id
-            id.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
-        }
-    }
-    typealias Index = [Key: Int]
+    /// A long list's index: identities by their bytes (`IDTable`, as the
+    /// store's tables: "é" composed and decomposed are two entities).
+    typealias Index = IDTable<Int>
 
     /// One more occurrence of `id`; `index` finds identities in a long list
     /// (built here past 16, kept by the caller for the walk, never stored).
@@ -661,14 +651,14 @@ struct Children: Sequence, Equatable, CustomStringConvertible {
             return
         }
         if index == nil {
-            var built: Index = [:]
-            for i in more.indices { built[Key(id: more[i].id)] = i }
+            var built = Index()
+            for i in more.indices { built[more[i].id] = i }
             index = built
         }
-        if let i = index![Key(id: id)] {
+        if let i = index![id] {
             more[i].count += 1
         } else {
-            index![Key(id: id)] = more.count
+            index![id] = more.count
             more.append((id, 1))
         }
     }
