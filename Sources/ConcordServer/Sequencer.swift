@@ -154,11 +154,22 @@ final class Sequencer: @unchecked Sendable {
     private var handledInTurn = false
     /// Lanes with lines, in the order they got them (round-robin order).
     private var ready: [Lane] = []
-    /// A turn's lists, kept between turns (emptied, their storage kept).
-    private var turnPicked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []
-    private var turnLines: [ArraySlice<UInt8>] = []
-    private var turnParsed: [Engine.ParsedLine?] = []
-    private var turnStillReady: [Lane] = []
+    /// A turn's lists, kept between turns: emptied after each, their
+    /// storage kept up to 4,096 entries (a burst does not pin memory).
+    private struct TurnLists {
+        var picked: [(lane: Lane, frames: ArraySlice<LineFramer.Frame>)] = []
+        var lines: [ArraySlice<UInt8>] = []
+        var parsed: [Engine.ParsedLine?] = []
+        var stillReady: [Lane] = []
+
+        mutating func empty() {
+            picked.removeAll(keepingCapacity: picked.capacity <= 4096)
+            lines.removeAll(keepingCapacity: lines.capacity <= 4096)
+            parsed.removeAll(keepingCapacity: parsed.capacity <= 4096)
+            stillReady.removeAll(keepingCapacity: stillReady.capacity <= 4096)
+        }
+    }
+    private var turnLists = TurnLists()
     private var shutdownDeadline: Double?
     private var drainedSent = false
     private var durability = Durability.async
@@ -515,15 +526,11 @@ final class Sequencer: @unchecked Sendable {
         let arrivalsAtStart = arrivals.load(ordering: .relaxed)
         // The turn's lists are the sequencer's, emptied after each turn with
         // their storage kept: a turn of one request allocates none of them.
-        var picked = turnPicked
-        var lines = turnLines
-        turnPicked = []
-        turnLines = []
+        var lists = turnLists
+        turnLists = TurnLists()
         defer {
-            picked.removeAll(keepingCapacity: picked.capacity <= 4096)
-            lines.removeAll(keepingCapacity: lines.capacity <= 4096)
-            turnPicked = picked
-            turnLines = lines
+            lists.empty()
+            turnLists = lists
         }
         var preparsed: [(index: Int, parsed: Engine.ParsedLine)] = []
         var preparsedLanes: [Int: Engine.ParsedLine] = [:]
@@ -534,8 +541,8 @@ final class Sequencer: @unchecked Sendable {
             if let p = headParsed {
                 // The long head line, parsed: it alone this round.
                 lane.preparsed = nil
-                preparsed.append((lines.count, p))
-                preparsedLanes[picked.count] = p
+                preparsed.append((lists.lines.count, p))
+                preparsedLanes[lists.picked.count] = p
                 end = lane.head + 1
             } else {
                 // A long line is parsed off the sequencer: hand it over at the
@@ -560,13 +567,13 @@ final class Sequencer: @unchecked Sendable {
             for f in slice {
                 bytes += Self.frameBytes(f)
                 // A parsed long line takes a place in `lines` but is not parsed again.
-                if case .line(let l) = f { lines.append(headParsed == nil ? l : []) }
+                if case .line(let l) = f { lists.lines.append(headParsed == nil ? l : []) }
             }
             lane.flow.unprocessed.subtract(bytes, ordering: .relaxed)
             bytesTaken += bytes
-            picked.append((lane, slice))
+            lists.picked.append((lane, slice))
         }
-        guard !picked.isEmpty else { return false }
+        guard !lists.picked.isEmpty else { return false }
         let handledInTurnBefore = handledInTurn
         handledInTurn = true
         if newcomerRound { metrics.newcomerRounds.add(1, ordering: .relaxed) }
@@ -576,14 +583,8 @@ final class Sequencer: @unchecked Sendable {
         // doubling (1, 2, 4, …; in parallel once it is long): a turn that
         // runs out of time has parsed at most twice the lines it handled,
         // and parses the rest again next turn — not the whole round.
-        var parsed = turnParsed
-        turnParsed = []
-        parsed.append(contentsOf: repeatElement(nil, count: lines.count))
-        defer {
-            parsed.removeAll(keepingCapacity: parsed.capacity <= 4096)
-            turnParsed = parsed
-        }
-        for (i, p) in preparsed { parsed[i] = p }
+        lists.parsed.append(contentsOf: repeatElement(nil, count: lists.lines.count))
+        for (i, p) in preparsed { lists.parsed[i] = p }
         var parsedEnd = 0
         var chunk = 1
         var next = 0
@@ -594,7 +595,7 @@ final class Sequencer: @unchecked Sendable {
         // request that costs much (a big view, a mutation many live queries
         // see) cannot make the rest of the round wait behind it. At least one
         // line is handled per turn.
-        outer: for (li, (lane, slice)) in picked.enumerated() {
+        outer: for (li, (lane, slice)) in lists.picked.enumerated() {
             for i in slice.indices {
                 if handled > 0 && monotonicSeconds() >= deadline {
                     stopped = (li, i)
@@ -604,7 +605,7 @@ final class Sequencer: @unchecked Sendable {
                 // that round serves every lane (twenty newcomers ahead of a
                 // writer must not end it before the writer's turn comes).
                 if !arrived && handled % Self.arrivalCheckLines == 0 && handled > 0
-                    && (handledInTurnBefore || li == picked.count - 1) {
+                    && (handledInTurnBefore || li == lists.picked.count - 1) {
                     arrived = arrivals.load(ordering: .relaxed) != arrivalsAtStart
                 }
                 // Someone idle sent a request: end the round where the lines
@@ -617,9 +618,9 @@ final class Sequencer: @unchecked Sendable {
                 handled += 1
                 switch slice[i] {
                 case .line:
-                    if next >= parsedEnd { parseMore(lines, &parsed, end: &parsedEnd, chunk: &chunk) }
+                    if next >= parsedEnd { parseMore(lists.lines, &lists.parsed, end: &parsedEnd, chunk: &chunk) }
                     let before = engine.seq
-                    engine.handle(parsed[next]!, from: lane.id)
+                    engine.handle(lists.parsed[next]!, from: lane.id)
                     next += 1
                     if engine.seq != before && mutationsReadAt.count < ServerMetrics.latencySamplesPerTurn {
                         mutationsReadAt.append(lane.readAt[i])
@@ -629,21 +630,19 @@ final class Sequencer: @unchecked Sendable {
                 }
             }
         }
-        if let stopped { giveBack(picked, from: stopped, preparsed: preparsedLanes) }
+        if let stopped { giveBack(lists.picked, from: stopped, preparsed: preparsedLanes) }
         // Long lines' trees are freed on the parser's thread, not in this turn.
         if !preparsed.isEmpty {
             for (i, _) in preparsed {
-                if let p = parsed[i] { bigLines.discard([p]) }
-                parsed[i] = nil
+                if let p = lists.parsed[i] { bigLines.discard([p]) }
+                lists.parsed[i] = nil
             }
             preparsed = []
             preparsedLanes = [:]
         }
         // Compact the lanes; a lane that emptied leaves the round-robin list
         // (and the connection, if it closed meanwhile).
-        var stillReady = turnStillReady
-        turnStillReady = []
-        stillReady.reserveCapacity(ready.count)
+        lists.stillReady.reserveCapacity(ready.count)
         for lane in ready {
             if lane.queued {
                 if lane.head > 4096 && lane.head * 2 > lane.frames.count {
@@ -651,7 +650,7 @@ final class Sequencer: @unchecked Sendable {
                     lane.readAt.removeFirst(lane.head)
                     lane.head = 0
                 }
-                stillReady.append(lane)
+                lists.stillReady.append(lane)
             } else {
                 lane.frames.removeAll(keepingCapacity: lane.frames.capacity <= 1024)
                 lane.readAt.removeAll(keepingCapacity: lane.readAt.capacity <= 1024)
@@ -662,15 +661,13 @@ final class Sequencer: @unchecked Sendable {
                 }
             }
         }
-        swap(&ready, &stillReady)
-        stillReady.removeAll(keepingCapacity: stillReady.capacity <= 4096)
-        turnStillReady = stillReady
+        swap(&ready, &lists.stillReady)
         // Fairness across turns: the next one starts with the lane this one
         // stopped in when that lane got nothing, else with the one after it —
         // so a lane whose every line outlasts the budget gets one line per
         // turn and the others get theirs in between.
-        if let stopped, let at = ready.firstIndex(where: { $0 === picked[stopped.lane].lane }) {
-            let gotSome = stopped.frame > picked[stopped.lane].frames.startIndex
+        if let stopped, let at = ready.firstIndex(where: { $0 === lists.picked[stopped.lane].lane }) {
+            let gotSome = stopped.frame > lists.picked[stopped.lane].frames.startIndex
             let first = gotSome ? (at + 1) % ready.count : at
             if first > 0 { ready = Array(ready[first...] + ready[..<first]) }
         }
