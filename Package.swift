@@ -123,7 +123,12 @@ let package = Package(
         .testTarget(name: "ConcordCoreTests", dependencies: ["ConcordCore", "ConcordProtocol", "ConcordJSON", "ConcordTestSupport"], swiftSettings: swiftSettings),
         .testTarget(
             name: "ConcordBackendTests",
-            dependencies: ["ConcordServer", "ConcordJSON", "ConcordTestSupport", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "ConcordServer", "ConcordJSON", "ConcordTestSupport", .product(name: "Logging", package: "swift-log"),
+                // LatencyHistogramTests compares the server's histogram text with swift-prometheus's.
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+            ],
             swiftSettings: swiftSettings
         ),
         // The README's SDK snippet, compiled and run (a snippet that stops compiling fails CI).

@@ -3,9 +3,16 @@ extension Array {
     /// by this module's code for its type: `removeAll(keepingCapacity:)`
     /// destroys them through the runtime's generic witnesses, measured at
     /// ~500 instructions for a mutation's one-element list of effects.
-    @inline(__always)
-    mutating func drain() {
+    @inlinable @inline(__always)
+    public mutating func drain() {
         while popLast() != nil {}
+    }
+
+    /// `drain()` while the storage has room for at most `limit` elements;
+    /// past that the storage is let go (a burst does not pin memory).
+    @inlinable @inline(__always)
+    public mutating func drain(keepingAtMost limit: Int) {
+        if capacity <= limit { drain() } else { self = [] }
     }
 }
 

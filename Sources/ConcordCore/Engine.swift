@@ -296,23 +296,36 @@ public final class Engine {
     /// Output queued since the last call, per connection, in the order it must be written.
     public func takeOutput() -> [(ConnectionID, [OutputChunk])] {
         var out: [(ConnectionID, [OutputChunk])] = []
-        out.reserveCapacity(dirtyClients.count)
+        var spares: [[OutputChunk]] = []
+        takeOutput(into: &out, spares: &spares)
+        return out
+    }
+
+    /// `takeOutput()` appended to `out`, each connection's chunks in a list
+    /// taken from `spares` (emptied lists with room, handed back by whoever
+    /// wrote the last ones: a turn of one request then allocates no list).
+    /// A list found empty goes back to `spares`.
+    public func takeOutput(into out: inout [(ConnectionID, [OutputChunk])], spares: inout [[OutputChunk]]) {
+        out.reserveCapacity(out.count + dirtyClients.count)
         for c in dirtyClients {
             c.dirty = false
             // Closed: events rendered for its subscriptions before they ended go nowhere.
             if c.closed { c.output = OutputQueue(); continue }
             let bytes = c.output.byteCount
             linesTaken += c.output.lineCount
-            let segs = c.output.take()
-            guard !segs.isEmpty else { continue }
+            var segs = spares.popLast() ?? []
+            c.output.take(into: &segs)
+            guard !segs.isEmpty else {
+                if segs.capacity > 0 { spares.append(segs) }
+                continue
+            }
             out.append((c.id, segs))
             let unsent = c.flow.unsent.add(bytes, ordering: .relaxed).newValue
             if c.coalescing == 0, configuration.outputSoftBytes > 0, unsent > configuration.outputSoftBytes, clients[c.id] === c {
                 beginCoalescing(c)
             }
         }
-        dirtyClients.removeAll(keepingCapacity: true)
-        return out
+        dirtyClients.drain()
     }
 
     /// Bytes queued for a connection and not yet taken.

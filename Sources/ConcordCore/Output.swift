@@ -277,9 +277,18 @@ public struct OutputQueue {
 
     /// Everything queued so far, in order; the queue is empty afterwards.
     public mutating func take() -> [OutputChunk] {
+        var out: [OutputChunk] = []
+        take(into: &out)
+        return out
+    }
+
+    /// `take()` into `list`, which must be empty: the two trade storage, so
+    /// the queue goes on filling the list's (a spare with room: no allocation
+    /// for the next take's chunks) and `list` holds what was taken.
+    public mutating func take(into list: inout [OutputChunk]) {
+        precondition(list.isEmpty, "OutputQueue.take(into:) needs an empty list")
         closeRun()
-        let out = parts
-        parts = []
+        swap(&parts, &list)
         // A quiet period (little queued since the last take): the next block
         // is smaller; a block too big for the traffic now is let go.
         if byteCount < nextBlock / 4 { nextBlock = max(Self.minBlock, nextBlock / 2) }
@@ -291,6 +300,5 @@ public struct OutputQueue {
         }
         byteCount = 0
         lineCount = 0
-        return out
     }
 }

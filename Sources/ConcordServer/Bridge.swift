@@ -1,4 +1,6 @@
 import CLibUV
+import ConcordCore
+import ConcordProtocol
 
 #if canImport(Glibc)
 import Glibc
@@ -16,6 +18,9 @@ final class Bridge: @unchecked Sendable {
 
     init(async: UnsafeMutablePointer<uv_async_t>) { self.async = async }
 
+    /// Emptied lists on their way back to the thread that fills them.
+    private var spares = SpareLists()
+
     func post(_ d: Sequencer.Delivery) {
         condition.lock()
         defer { condition.unlock() }
@@ -23,6 +28,21 @@ final class Bridge: @unchecked Sendable {
         guard !closed else { return }
         pending.append(d)
         uvMust("uv_async_send", uv_async_send(async))
+    }
+
+    /// `post`, and under the same lock the sequencer's spares trade places
+    /// with what the loop gave back: it leaves the frame lists it emptied
+    /// and takes the delivery lists the loop emptied.
+    func post(_ d: Sequencer.Delivery, exchanging mine: inout SpareLists) {
+        condition.lock()
+        defer { condition.unlock() }
+        guard !closed else { return }
+        pending.append(d)
+        uvMust("uv_async_send", uv_async_send(async))
+        SpareLists.give(&mine.frames, to: &spares.frames)
+        SpareLists.give(&spares.outputs, to: &mine.outputs)
+        SpareLists.give(&spares.chunks, to: &mine.chunks)
+        SpareLists.give(&spares.stamps, to: &mine.stamps)
     }
 
     /// Called on the loop before the async handle is closed.
@@ -39,5 +59,58 @@ final class Bridge: @unchecked Sendable {
         condition.lock()
         defer { condition.unlock() }
         swap(&taken, &pending)
+    }
+
+    /// `take`, and under the same lock the loop's spares trade places with
+    /// the sequencer's: it leaves the delivery lists it emptied and takes
+    /// the frame lists the sequencer emptied.
+    func take(into taken: inout [Sequencer.Delivery], exchanging mine: inout SpareLists) {
+        condition.lock()
+        defer { condition.unlock() }
+        swap(&taken, &pending)
+        SpareLists.give(&mine.outputs, to: &spares.outputs)
+        SpareLists.give(&mine.chunks, to: &spares.chunks)
+        SpareLists.give(&mine.stamps, to: &spares.stamps)
+        SpareLists.give(&spares.frames, to: &mine.frames)
+    }
+}
+
+/// Lists the loop and the sequencer hand each other full and give back
+/// empty, their storage kept, so that a turn of one request allocates none
+/// of them: a read's frames (loop → sequencer), a delivery's outputs, each
+/// connection's chunks and the latency stamps (sequencer → loop). They go
+/// back through the ``Bridge`` under the lock its hand-offs take anyway.
+///
+/// Bounded: at most ``maxLists`` lists of each kind wait here or on either
+/// side, each with room for at most ``maxCapacity`` entries (a burst's big
+/// lists are freed, not kept).
+struct SpareLists {
+    var frames: [[LineFramer.Frame]] = []
+    var outputs: [[(ConnectionID, [OutputChunk])]] = []
+    var chunks: [[OutputChunk]] = []
+    var stamps: [[Double]] = []
+
+    static let maxLists = 32
+    static let maxCapacity = 1024
+
+    /// Keeps `list` (emptied here) if it has room worth keeping and there is room for it.
+    @inline(__always)
+    static func keep<T>(_ list: inout [T], in kept: inout [[T]]) {
+        guard list.capacity > 0, list.capacity <= maxCapacity, kept.count < maxLists else { return }
+        list.drain()
+        kept.append(list)
+        list = []
+    }
+
+    /// Moves lists from `from` to `to` (at most up to the bound); what does not fit is freed.
+    @inline(__always)
+    static func give<T>(_ from: inout [[T]], to: inout [[T]]) {
+        if from.isEmpty { return }
+        if to.isEmpty {
+            swap(&from, &to)
+            return
+        }
+        while to.count < maxLists, let l = from.popLast() { to.append(l) }
+        from.drain()
     }
 }

@@ -75,7 +75,7 @@ final class Connection {
     /// backlog made it long.
     func endWrite() {
         writing = false
-        inFlight.removeAll(keepingCapacity: inFlight.capacity <= 1024)
+        inFlight.drain(keepingAtMost: 1024)
         if bufsCapacity > 1024 {
             bufs.deallocate()
             bufsCapacity = 4

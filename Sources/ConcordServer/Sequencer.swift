@@ -115,6 +115,10 @@ final class Sequencer: @unchecked Sendable {
     private let pool: WorkerPool
     private let logger: Logger
     private let deliver: @Sendable (Delivery) -> Void
+    /// Where deliveries go (``deliver`` posts there too), and lists come back from.
+    private let bridge: Bridge
+    /// Emptied lists for this thread's next turn, traded with the loop's at each delivery.
+    private var spares = SpareLists()
     private let statsSource: ServerStatsSource
     let metrics: ServerMetrics
     /// Read times of the mutations applied since the last delivery (sampled).
@@ -163,10 +167,10 @@ final class Sequencer: @unchecked Sendable {
         var stillReady: [Lane] = []
 
         mutating func empty() {
-            picked.removeAll(keepingCapacity: picked.capacity <= 4096)
-            lines.removeAll(keepingCapacity: lines.capacity <= 4096)
-            parsed.removeAll(keepingCapacity: parsed.capacity <= 4096)
-            stillReady.removeAll(keepingCapacity: stillReady.capacity <= 4096)
+            picked.drain(keepingAtMost: 4096)
+            lines.drain(keepingAtMost: 4096)
+            parsed.drain(keepingAtMost: 4096)
+            stillReady.drain(keepingAtMost: 4096)
         }
     }
     private var turnLists = TurnLists()
@@ -183,7 +187,7 @@ final class Sequencer: @unchecked Sendable {
     /// Mutations up to this seq were answered as not durable: what shows them is not held.
     private var releasedThrough = 0
 
-    init(configuration: ServerConfiguration, logger: Logger, deliver: @escaping @Sendable (Delivery) -> Void) {
+    init(configuration: ServerConfiguration, logger: Logger, bridge: Bridge) {
         pool = WorkerPool(threads: configuration.threads, inlineBelow: configuration.parallelThreshold)
         engine = Engine(configuration: configuration.engine, executor: pool)
         metrics = ServerMetrics()
@@ -196,7 +200,8 @@ final class Sequencer: @unchecked Sendable {
         turnBudget = configuration.turnBudget
         shutdownTimeout = configuration.shutdownTimeout
         self.logger = logger
-        self.deliver = deliver
+        self.bridge = bridge
+        self.deliver = { bridge.post($0) }
         engine.collectsGarbage = true
         bigLines = BigLineParser(parser: engine.lineParser, idKey: engine.configuration.idKey) { [unowned self] id, parsed in self.submit(.parsed(id, parsed)) }
     }
@@ -273,7 +278,7 @@ final class Sequencer: @unchecked Sendable {
             swap(&batch, &inbox)
             condition.unlock()
             for input in batch { accept(input) }
-            batch.removeAll(keepingCapacity: true)
+            batch.drain()
             // Rounds of `linesPerTurn` lines per lane until the turn's time
             // budget is spent: one delivery per turn keeps hand-offs few, the
             // budget keeps a small request's wait short under a flood.
@@ -296,7 +301,7 @@ final class Sequencer: @unchecked Sendable {
                 swap(&batch, &inbox)
                 condition.unlock()
                 for input in batch { accept(input) }
-                batch.removeAll(keepingCapacity: true)
+                batch.drain()
             }
             // Deferred work (unfiling dropped query views) in slices: at least
             // one, more while this turn's budget lasts.
@@ -315,7 +320,8 @@ final class Sequencer: @unchecked Sendable {
                 if n > 0 { logger.debug("evicted records over the memory limit", metadata: ["concord.evicted": "\(n)"]) }
             }
             if let storage { storage.submit(engine.takeStorageItems()) }
-            let outputs = engine.takeOutput()
+            var outputs = spares.outputs.popLast() ?? []
+            engine.takeOutput(into: &outputs, spares: &spares.chunks)
             let appends = engine.takeClusterAppends()
             let headWanted = engine.takeClusterHeadWanted()
             var ready = false
@@ -327,12 +333,14 @@ final class Sequencer: @unchecked Sendable {
             if !outputs.isEmpty || drained || taken || !appends.isEmpty || headWanted || ready || resync {
                 var d = Delivery(outputs: outputs, drained: drained, inputTaken: taken)
                 swap(&d.mutationsReadAt, &mutationsReadAt)
+                if mutationsReadAt.capacity == 0, let s = spares.stamps.popLast() { mutationsReadAt = s }
                 d.clusterAppends = appends
                 d.clusterHeadWanted = headWanted
                 d.clusterReady = ready
                 d.clusterResyncWanted = resync
                 send(d)
             } else {
+                SpareLists.keep(&outputs, in: &spares.outputs)
                 releaseHeld()
             }
         }
@@ -342,9 +350,9 @@ final class Sequencer: @unchecked Sendable {
     /// the backend stored what they show (in order: a later delivery never
     /// overtakes an earlier one).
     private func send(_ d: Delivery) {
-        guard durability == .sync, storage != nil else { return deliver(d) }
+        guard durability == .sync, storage != nil else { return bridge.post(d, exchanging: &spares) }
         let tag = engine.seq
-        if held.isEmpty && tag <= max(engine.durableSeq, releasedThrough) { return deliver(d) }
+        if held.isEmpty && tag <= max(engine.durableSeq, releasedThrough) { return bridge.post(d, exchanging: &spares) }
         held.append((tag, d))
         releaseHeld()
         // Connections stalled on input may read again even while output waits.
@@ -392,9 +400,16 @@ final class Sequencer: @unchecked Sendable {
             if !lane.queued {
                 if newcomer { newcomers.append(lane) } else { ready.append(lane) }
             }
-            // An empty lane takes the read's list as it is (no copy of its frames).
-            if lane.frames.isEmpty { lane.frames = frames } else { lane.frames.append(contentsOf: frames) }
-            lane.readAt.append(contentsOf: repeatElement(readAt, count: frames.count))
+            // An empty lane takes the read's list as it is (no copy of its
+            // frames), and its own emptied list goes back to the loop for a read.
+            if lane.frames.isEmpty {
+                var emptied = frames
+                swap(&emptied, &lane.frames)
+                SpareLists.keep(&emptied, in: &spares.frames)
+            } else {
+                lane.frames.append(contentsOf: frames)
+            }
+            for _ in 0..<frames.count { lane.readAt.append(readAt) }
         case .metrics(let token):
             // Straight to the loop: a scrape never waits behind held (sync) output.
             let text = metrics.exposition(engine.figures, cache: statsSource.cacheStats())
@@ -520,7 +535,7 @@ final class Sequencer: @unchecked Sendable {
         if newcomerRound {
             ready.insert(contentsOf: newcomers, at: 0)
             lanesThisRound = handledInTurn ? newcomers.count : ready.count
-            newcomers.removeAll(keepingCapacity: true)
+            newcomers.drain()
         }
         guard !ready.isEmpty else { return false }
         let arrivalsAtStart = arrivals.load(ordering: .relaxed)
@@ -583,7 +598,10 @@ final class Sequencer: @unchecked Sendable {
         // doubling (1, 2, 4, …; in parallel once it is long): a turn that
         // runs out of time has parsed at most twice the lines it handled,
         // and parses the rest again next turn — not the whole round.
-        lists.parsed.append(contentsOf: repeatElement(nil, count: lists.lines.count))
+        // One by one: `append(contentsOf: repeatElement(nil, …))` went through
+        // the generic path (~700 instructions for a turn of one line).
+        lists.parsed.reserveCapacity(lists.lines.count)
+        for _ in 0..<lists.lines.count { lists.parsed.append(nil) }
         for (i, p) in preparsed { lists.parsed[i] = p }
         var parsedEnd = 0
         var chunk = 1
@@ -620,7 +638,14 @@ final class Sequencer: @unchecked Sendable {
                 case .line:
                     if next >= parsedEnd { parseMore(lists.lines, &lists.parsed, end: &parsedEnd, chunk: &chunk) }
                     let before = engine.seq
-                    engine.handle(lists.parsed[next]!, from: lane.id)
+                    if preparsed.isEmpty {
+                        // Moved out, not copied: the request is freed when handled.
+                        let line = lists.parsed[next].take()!
+                        engine.handle(line, from: lane.id)
+                    } else {
+                        // A long line's parse is freed on its own thread (below).
+                        engine.handle(lists.parsed[next]!, from: lane.id)
+                    }
                     next += 1
                     if engine.seq != before && mutationsReadAt.count < ServerMetrics.latencySamplesPerTurn {
                         mutationsReadAt.append(lane.readAt[i])
@@ -640,6 +665,12 @@ final class Sequencer: @unchecked Sendable {
             preparsed = []
             preparsedLanes = [:]
         }
+        // Where the next turn starts (below), read before the picked slices
+        // go: they share the lanes' frame lists, which are emptied next and
+        // must then have no other holder to keep their storage.
+        let stoppedLane = stopped.map { lists.picked[$0.lane].lane }
+        let stoppedGotSome = stopped.map { $0.frame > lists.picked[$0.lane].frames.startIndex } ?? false
+        lists.picked.drain(keepingAtMost: 4096)
         // Compact the lanes; a lane that emptied leaves the round-robin list
         // (and the connection, if it closed meanwhile).
         lists.stillReady.reserveCapacity(ready.count)
@@ -652,8 +683,8 @@ final class Sequencer: @unchecked Sendable {
                 }
                 lists.stillReady.append(lane)
             } else {
-                lane.frames.removeAll(keepingCapacity: lane.frames.capacity <= 1024)
-                lane.readAt.removeAll(keepingCapacity: lane.readAt.capacity <= 1024)
+                lane.frames.drain(keepingAtMost: 1024)
+                lane.readAt.drain(keepingAtMost: 1024)
                 lane.head = 0
                 if lane.closeAfter {
                     lanes[lane.id] = nil
@@ -666,9 +697,8 @@ final class Sequencer: @unchecked Sendable {
         // stopped in when that lane got nothing, else with the one after it —
         // so a lane whose every line outlasts the budget gets one line per
         // turn and the others get theirs in between.
-        if let stopped, let at = ready.firstIndex(where: { $0 === lists.picked[stopped.lane].lane }) {
-            let gotSome = stopped.frame > lists.picked[stopped.lane].frames.startIndex
-            let first = gotSome ? (at + 1) % ready.count : at
+        if let stoppedLane, let at = ready.firstIndex(where: { $0 === stoppedLane }) {
+            let first = stoppedGotSome ? (at + 1) % ready.count : at
             if first > 0 { ready = Array(ready[first...] + ready[..<first]) }
         }
         return true

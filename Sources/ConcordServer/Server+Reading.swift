@@ -66,7 +66,7 @@ extension Server {
             return
         }
         guard nread > 0, let base else { return }
-        var frames: [LineFramer.Frame] = []
+        var frames = spares.frames.popLast() ?? []
         var bytes = 0
         conn.framer.feed(UnsafeRawBufferPointer(start: base, count: nread)) { f in
             bytes += Sequencer.frameBytes(f)
@@ -83,6 +83,8 @@ extension Server {
             conn.lastSubmit = now
             sequencer.inboxBytes.add(bytes, ordering: .relaxed)
             sequencer.submit(.frames(conn.id, frames, bytes: bytes, readAt: now, newcomer: newcomer))
+        } else {
+            SpareLists.keep(&frames, in: &spares.frames)
         }
         let unfinished = conn.framer.bufferedBytes
         if unfinished != conn.unfinished {

@@ -19,10 +19,10 @@ extension Server {
         var taken: [Sequencer.Delivery] = []
         swap(&taken, &deliveryScratch)
         defer {
-            taken.removeAll(keepingCapacity: taken.capacity <= 64)
+            taken.drain(keepingAtMost: 64)
             swap(&taken, &deliveryScratch)
         }
-        bridge.take(into: &taken)
+        bridge.take(into: &taken, exchanging: &spares)
         for di in taken.indices {
             // Small outputs first (a response, a few events), then the rest:
             // writes go out in this order, and a ping's answer should not
@@ -39,8 +39,7 @@ extension Server {
             }
             for (oi, n) in large { queueOutput(taken[di].outputs[oi].0, &taken[di].outputs[oi].1, n) }
             if !taken[di].mutationsReadAt.isEmpty {
-                let now = monotonicSeconds()
-                for t in taken[di].mutationsReadAt { metrics.latency.recordNanoseconds(Int64(max(0, now - t) * 1e9)) }
+                metrics.latency.record(since: taken[di].mutationsReadAt, now: monotonicSeconds())
             }
             for (token, text) in taken[di].metrics { metricsEndpoint?.respond(token: token, text: text) }
             if taken[di].clusterReady { clusterReady() }
@@ -50,6 +49,11 @@ extension Server {
             if let snap = taken[di].clusterSnapshot { clusterLink?.snapshotTaken(snap.bytes, offset: snap.offset, streamID: snap.streamID, sum: snap.sum) }
             if taken[di].inputTaken { tookInput = true }
             if taken[di].drained { startClosing() }
+            // Its lists go back to the sequencer, emptied (the connections'
+            // queues traded theirs for them), at the next hand-off.
+            for oi in taken[di].outputs.indices { SpareLists.keep(&taken[di].outputs[oi].1, in: &spares.chunks) }
+            SpareLists.keep(&taken[di].outputs, in: &spares.outputs)
+            SpareLists.keep(&taken[di].mutationsReadAt, in: &spares.stamps)
         }
         if tookInput { recheckStalled() }
     }

@@ -44,6 +44,8 @@ public final class Server {
     let bridge: Bridge
     /// The list `deliveriesArrived` takes deliveries into (kept: no list per hand-off).
     var deliveryScratch: [Sequencer.Delivery] = []
+    /// Emptied lists for this thread (reads' frame lists), traded with the sequencer's (``Bridge``).
+    var spares = SpareLists()
     var sequencer: Sequencer!
     var metricsEndpoint: MetricsEndpoint?
     /// Cluster mode: the link to the shared log (on this loop).
@@ -108,7 +110,7 @@ public final class Server {
         try prepareSocketPath()
 
         let bridge = self.bridge
-        sequencer = Sequencer(configuration: configuration, logger: logger) { bridge.post($0) }
+        sequencer = Sequencer(configuration: configuration, logger: logger, bridge: bridge)
         if configuration.cache != "none" {
             // dlopen and open() happen here, before the loop runs: never on the loop.
             do {

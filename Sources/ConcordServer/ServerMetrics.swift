@@ -12,7 +12,8 @@ import Synchronization
 /// Who records what:
 /// - the loop thread: bytes written, connections accepted and refused, the
 ///   update → event latency histogram (one observation per mutation line of
-///   a turn, at most ``latencySamplesPerTurn``; see ``Sequencer/Delivery``);
+///   a turn, at most ``latencySamplesPerTurn``; see ``Sequencer/Delivery``;
+///   a ``LatencyHistogram`` of its own, written after the registry's text);
 /// - the core's counters stay plain integers on the sequencer thread (no
 ///   atomics on the hot path) and are copied into the instruments when
 ///   someone asks: a scrape of `--metrics`, or `stats` with `"prometheus":true`.
@@ -25,7 +26,7 @@ final class ServerMetrics: Sendable {
     let bytesOut: CoreMetrics.Counter
     let connectionsAccepted: CoreMetrics.Counter
     let connectionsRefused: CoreMetrics.Counter
-    let latency: CoreMetrics.Timer
+    let latency: LatencyHistogram
 
     // Copied from the core's figures.
     private let requests: [CoreMetrics.Counter]
@@ -65,19 +66,19 @@ final class ServerMetrics: Sendable {
     static let latencySamplesPerTurn = 64
 
     static let latencyLabel = "concord_update_event_latency_seconds"
+    static let latencyBounds: [Duration] = [
+        .microseconds(50), .microseconds(100), .microseconds(250), .microseconds(500),
+        .milliseconds(1), .microseconds(2500), .milliseconds(5), .milliseconds(10), .milliseconds(25),
+        .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1), .seconds(5),
+    ]
 
     init() {
-        var f = PrometheusMetricsFactory(registry: registry)
-        f.durationHistogramBuckets[Self.latencyLabel] = [
-            .microseconds(50), .microseconds(100), .microseconds(250), .microseconds(500),
-            .milliseconds(1), .microseconds(2500), .milliseconds(5), .milliseconds(10), .milliseconds(25),
-            .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1), .seconds(5),
-        ]
+        let f = PrometheusMetricsFactory(registry: registry)
         factory = f
         bytesOut = Counter(label: "concord_output_bytes_total", factory: f)
         connectionsAccepted = Counter(label: "concord_connections_accepted_total", factory: f)
         connectionsRefused = Counter(label: "concord_connections_refused_total", factory: f)
-        latency = Timer(label: Self.latencyLabel, factory: f)
+        latency = LatencyHistogram(name: Self.latencyLabel, bounds: Self.latencyBounds)
         requests = ConcordProtocolNames.operations.map {
             Counter(label: "concord_requests_total", dimensions: [("op", $0)], factory: f)
         }
@@ -147,6 +148,7 @@ final class ServerMetrics: Sendable {
         var out: [UInt8] = []
         out.reserveCapacity(8192)
         registry.emit(into: &out)
+        latency.emit(into: &out)
         return out
     }
 
