@@ -93,7 +93,7 @@ bench-instructions: release
 	@for k in "none 1 20000" "key 1 20000" "key 100 2000"; do set -- $$k; \
 		valgrind --tool=callgrind --callgrind-out-file=.build/callgrind.$$1.$$2 .build/release/concord-load.nodebug core --kind $$1 --subs $$2 -n $$3 >/dev/null 2>.build/callgrind.$$1.$$2.log \
 			|| { echo "valgrind failed on $$1 x $$2:"; tail -5 .build/callgrind.$$1.$$2.log; exit 1; }; \
-		callgrind_annotate --inclusive=yes .build/callgrind.$$1.$$2 | grep -E "Engine(C10handleLine_4from|C10takeOutput)" \
+		callgrind_annotate --inclusive=yes .build/callgrind.$$1.$$2 | grep -E "Engine(C10handleLine_4from|C10takeOutputSay)" \
 		| awk -v n=$$3 -v k="$$1 x $$2" '{gsub(",","",$$1); s+=$$1} END { if (s == 0) { printf "%s: measured nothing (no Engine.handleLine in the profile)\n", k; exit 1 } printf "%s: %.0f instructions per update (Engine.handleLine + takeOutput, inclusive, setup lines included)\n", k, s/n }' || exit 1; done
 
 # The SDK's documentation (DocC catalog Sources/ConcordClient/ConcordClient.docc), as a static site.
