@@ -81,6 +81,7 @@ extension Engine {
                 case .update(let model, let key, let mode, let force):
                     let prepared = try store.prepareUpdate(model: model, key: key, mode: mode, force: force)
                     if ops.count == 1 { store.apply(prepared, into: &change) } else { change.formUnion(store.apply(prepared)) }
+                    if let m = store.sharedRoot, verbatimModel != nil { verbatimShared = m }
                     effects.append(.update(UpdateEffect(swap: prepared.values, partials: prepared.partials, force: force)))
                 case .deleteEntity(let id):
                     let ch = store.deleteEntity(id)

@@ -387,7 +387,8 @@ extension Engine {
     /// members: the same value, so its encoding is those bytes — a write
     /// stores the model's own tree unless it has to build another).
     func writeStored(_ w: inout JSONWriter, _ value: JSON) {
-        if let (model, members) = verbatimModel, case .object(let o) = value, sameBuffer(o.members, members) {
+        if let (model, members) = verbatimModel, case .object(let o) = value,
+           sameBuffer(o.members, members) || (verbatimShared.map { sameBuffer(o.members, $0) } ?? false) {
             w.raw(model.line, model.range)
             splicedValues.add(1, ordering: .relaxed)
         } else {

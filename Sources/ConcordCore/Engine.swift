@@ -112,6 +112,9 @@ public final class Engine {
     /// The request being processed: its `model`'s bytes and the members
     /// they were parsed into, while its events are written (`writeStored`).
     var verbatimModel: (VerbatimModel, members: [JSONObject.Member])?
+    /// The members the store gave the model's root entity instead, with the
+    /// same bytes (`Store.sharedRoot`): they splice as well.
+    var verbatimShared: [JSONObject.Member]?
     /// The request being processed, when it came decoded (``ParsedLine``).
     var prepared: PreparedRequest?
     /// With `collectsGarbage` (the server sets it): what is large to free —
@@ -458,6 +461,7 @@ public final class Engine {
         }
         defer {
             verbatimModel = nil
+            if verbatimShared != nil { verbatimShared = nil }
             if prepared != nil { prepared = nil }
         }
         if isShuttingDown {
