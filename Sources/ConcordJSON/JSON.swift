@@ -220,32 +220,52 @@ extension JSON: Equatable {
     /// a `switch` over the pair `(lhs, rhs)` copied both values into it, and
     /// reading `members[i]` copied each member out (~10 copies and as many
     /// destroys per update, comparing a document with its previous version).
-    public static func == (lhs: JSON, rhs: JSON) -> Bool {
+    public static func == (lhs: JSON, rhs: JSON) -> Bool { same(lhs, rhs, exact: false) }
+
+    /// `==` (`exact` false), or ``hasSameEncoding(as:)`` (true: numbers
+    /// spelled alike, members in the same order).
+    @inline(__always)
+    static func same(_ lhs: JSON, _ rhs: JSON, exact: Bool) -> Bool {
         switch lhs {
         case .null:
             if case .null = rhs { return true }
         case .bool(let a):
             if case .bool(let b) = rhs { return a == b }
         case .number(let a):
-            if case .number(let b) = rhs { return a.isEqualByValue(b) }
+            if case .number(let b) = rhs { return exact ? sameText(a.text, b.text) : a.isEqualByValue(b) }
         case .string(let a):
             if case .string(let b) = rhs { return sameText(a, b) }
         case .array(let a):
-            if case .array(let b) = rhs { return sameElements(a, b) }
+            if case .array(let b) = rhs { return sameElements(a, b, exact: exact) }
         case .object(let a):
-            if case .object(let b) = rhs { return a == b }
+            if case .object(let b) = rhs { return exact ? sameEncodedMembers(a.members, b.members) : a == b }
         }
         return false
     }
 
-    private static func sameElements(_ a: [JSON], _ b: [JSON]) -> Bool {
+    private static func sameElements(_ a: [JSON], _ b: [JSON], exact: Bool) -> Bool {
         a.withUnsafeBufferPointer { x in
             b.withUnsafeBufferPointer { y in
                 guard x.count == y.count else { return false }
                 // Copy-on-write sharing: one buffer is one value (the common
                 // case when comparing a tree with its previous version).
                 if x.count == 0 || x.baseAddress == y.baseAddress { return true }
-                for i in 0 ..< x.count where !(x[i] == y[i]) { return false }
+                for i in 0 ..< x.count where !(exact ? sameEncoding(x[i], y[i]) : x[i] == y[i]) { return false }
+                return true
+            }
+        }
+    }
+
+    /// Members in the same order, each spelled alike (`JSONObject ==` also
+    /// matches members out of order).
+    private static func sameEncodedMembers(_ a: [JSONObject.Member], _ b: [JSONObject.Member]) -> Bool {
+        a.withUnsafeBufferPointer { x in
+            b.withUnsafeBufferPointer { y in
+                guard x.count == y.count else { return false }
+                if x.count == 0 || x.baseAddress == y.baseAddress { return true }
+                for i in 0 ..< x.count where !sameText(x[i].key, y[i].key) || !sameEncoding(x[i].value, y[i].value) {
+                    return false
+                }
                 return true
             }
         }
@@ -264,47 +284,7 @@ extension JSON {
     /// through their buffers): copying each member out cost ~300
     /// instructions for a small object.
     @usableFromInline
-    static func sameEncoding(_ lhs: JSON, _ rhs: JSON) -> Bool {
-        switch lhs {
-        case .null:
-            if case .null = rhs { return true }
-        case .bool(let a):
-            if case .bool(let b) = rhs { return a == b }
-        case .number(let a):
-            if case .number(let b) = rhs { return sameText(a.text, b.text) }
-        case .string(let a):
-            if case .string(let b) = rhs { return sameText(a, b) }
-        case .array(let a):
-            if case .array(let b) = rhs { return sameEncodedElements(a, b) }
-        case .object(let a):
-            if case .object(let b) = rhs { return sameEncodedMembers(a.members, b.members) }
-        }
-        return false
-    }
-
-    private static func sameEncodedElements(_ a: [JSON], _ b: [JSON]) -> Bool {
-        a.withUnsafeBufferPointer { x in
-            b.withUnsafeBufferPointer { y in
-                guard x.count == y.count else { return false }
-                if x.count == 0 || x.baseAddress == y.baseAddress { return true }
-                for i in 0 ..< x.count where !sameEncoding(x[i], y[i]) { return false }
-                return true
-            }
-        }
-    }
-
-    private static func sameEncodedMembers(_ a: [JSONObject.Member], _ b: [JSONObject.Member]) -> Bool {
-        a.withUnsafeBufferPointer { x in
-            b.withUnsafeBufferPointer { y in
-                guard x.count == y.count else { return false }
-                if x.count == 0 || x.baseAddress == y.baseAddress { return true }
-                for i in 0 ..< x.count where !sameText(x[i].key, y[i].key) || !sameEncoding(x[i].value, y[i].value) {
-                    return false
-                }
-                return true
-            }
-        }
-    }
+    static func sameEncoding(_ lhs: JSON, _ rhs: JSON) -> Bool { same(lhs, rhs, exact: true) }
 }
 
 /// True when two non-empty arrays share one buffer (so they are equal).
