@@ -640,6 +640,7 @@ final class Store {
     private func shareCarriedAlong(_ changed: [(String, EntityRecord?)], _ u: PreparedUpdate, _ carriedAlong: IDSet, _ created: IDSet) {
         // Written ones that were given shared values: their parents take their new values.
         var shared = IDSet()
+        let root = u.model.identity(idKey: tree.idKey)
         for (id, r) in changed.reversed() {
             guard let rec = r, rec.resident, case .object = rec.value else { continue }
             let new = created.contains(id)
@@ -648,7 +649,7 @@ final class Store {
             guard needed > 0 else { continue }
             shareInPlace(rec, needed) { c in (new && carriedAlong.contains(c)) || shared.contains(c) ? self.entities[c]?.value : nil }
             _ = shared.insert(id)
-            if case .object(let o) = rec.value, let root = u.model.identity(idKey: tree.idKey), sameText(root, id) {
+            if let root, sameText(root, id), case .object(let o) = rec.value {
                 sharedRoot = o.members
             }
         }

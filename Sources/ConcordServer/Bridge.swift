@@ -24,10 +24,7 @@ final class Bridge: @unchecked Sendable {
     func post(_ d: Sequencer.Delivery) {
         condition.lock()
         defer { condition.unlock() }
-        // After shutdown the async handle is gone; late output has no reader left.
-        guard !closed else { return }
-        pending.append(d)
-        uvMust("uv_async_send", uv_async_send(async))
+        postLocked(d)
     }
 
     /// `post`, and under the same lock the sequencer's spares trade places
@@ -36,13 +33,21 @@ final class Bridge: @unchecked Sendable {
     func post(_ d: Sequencer.Delivery, exchanging mine: inout SpareLists) {
         condition.lock()
         defer { condition.unlock() }
-        guard !closed else { return }
-        pending.append(d)
-        uvMust("uv_async_send", uv_async_send(async))
+        guard postLocked(d) else { return }
         SpareLists.give(&mine.frames, to: &spares.frames)
         SpareLists.give(&spares.outputs, to: &mine.outputs)
         SpareLists.give(&spares.chunks, to: &mine.chunks)
         SpareLists.give(&spares.stamps, to: &mine.stamps)
+    }
+
+    /// Queues `d` and wakes the loop (the lock held); false after shutdown:
+    /// the async handle is gone, and late output has no reader left.
+    @discardableResult
+    private func postLocked(_ d: Sequencer.Delivery) -> Bool {
+        guard !closed else { return false }
+        pending.append(d)
+        uvMust("uv_async_send", uv_async_send(async))
+        return true
     }
 
     /// Called on the loop before the async handle is closed.
@@ -54,16 +59,9 @@ final class Bridge: @unchecked Sendable {
 
     /// Hands over what was posted: `taken` (emptied by the caller, its
     /// storage kept) and the pending list trade places, so neither side
-    /// allocates a list per hand-off.
-    func take(into taken: inout [Sequencer.Delivery]) {
-        condition.lock()
-        defer { condition.unlock() }
-        swap(&taken, &pending)
-    }
-
-    /// `take`, and under the same lock the loop's spares trade places with
-    /// the sequencer's: it leaves the delivery lists it emptied and takes
-    /// the frame lists the sequencer emptied.
+    /// allocates a list per hand-off. Under the same lock the loop's spares
+    /// trade places with the sequencer's: it leaves the delivery lists it
+    /// emptied and takes the frame lists the sequencer emptied.
     func take(into taken: inout [Sequencer.Delivery], exchanging mine: inout SpareLists) {
         condition.lock()
         defer { condition.unlock() }

@@ -114,8 +114,7 @@ final class Sequencer: @unchecked Sendable {
     private let engine: Engine
     private let pool: WorkerPool
     private let logger: Logger
-    private let deliver: @Sendable (Delivery) -> Void
-    /// Where deliveries go (``deliver`` posts there too), and lists come back from.
+    /// Where deliveries go, and lists come back from.
     private let bridge: Bridge
     /// Emptied lists for this thread's next turn, traded with the loop's at each delivery.
     private var spares = SpareLists()
@@ -201,7 +200,6 @@ final class Sequencer: @unchecked Sendable {
         shutdownTimeout = configuration.shutdownTimeout
         self.logger = logger
         self.bridge = bridge
-        self.deliver = { bridge.post($0) }
         engine.collectsGarbage = true
         bigLines = BigLineParser(parser: engine.lineParser, idKey: engine.configuration.idKey) { [unowned self] id, parsed in self.submit(.parsed(id, parsed)) }
     }
@@ -356,7 +354,7 @@ final class Sequencer: @unchecked Sendable {
         held.append((tag, d))
         releaseHeld()
         // Connections stalled on input may read again even while output waits.
-        if d.inputTaken && !held.isEmpty { deliver(Delivery(outputs: [], drained: false, inputTaken: true)) }
+        if d.inputTaken && !held.isEmpty { bridge.post(Delivery(outputs: [], drained: false, inputTaken: true)) }
     }
 
     private func releaseHeld(force: Bool = false) {
@@ -364,7 +362,7 @@ final class Sequencer: @unchecked Sendable {
         let durable = max(engine.durableSeq, releasedThrough)
         while n < held.count, force || held[n].tag <= durable { n += 1 }
         guard n > 0 else { return }
-        for (_, d) in held[..<n] { deliver(d) }
+        for (_, d) in held[..<n] { bridge.post(d) }
         held.removeFirst(n)
     }
 
@@ -378,7 +376,7 @@ final class Sequencer: @unchecked Sendable {
         releasedThrough = engine.seq
         let outputs = engine.takeOutput()
         releaseHeld(force: true)
-        if !outputs.isEmpty { deliver(Delivery(outputs: outputs, drained: false, inputTaken: false)) }
+        if !outputs.isEmpty { bridge.post(Delivery(outputs: outputs, drained: false, inputTaken: false)) }
     }
 
     /// Control inputs act at once; lines join their connection's lane.
@@ -413,7 +411,7 @@ final class Sequencer: @unchecked Sendable {
         case .metrics(let token):
             // Straight to the loop: a scrape never waits behind held (sync) output.
             let text = metrics.exposition(engine.figures, cache: statsSource.cacheStats())
-            deliver(Delivery(outputs: [], drained: false, inputTaken: false, metrics: [(token, text)]))
+            bridge.post(Delivery(outputs: [], drained: false, inputTaken: false, metrics: [(token, text)]))
         case .drained(let id, let episode):
             engine.outputDrained(id, episode: episode)
         case .parsed(let id, let parsed):
@@ -470,7 +468,7 @@ final class Sequencer: @unchecked Sendable {
     private func takeSnapshot() {
         guard engine.clusterBroken == nil, !snapshotting.exchange(true, ordering: .relaxed) else { return }
         let snap = engine.clusterSnapshot()
-        let deliver = self.deliver
+        let bridge = self.bridge
         let logger = self.logger
         let local = clusterLocal
         startThread(name: "concord-snap") { [self] in
@@ -483,7 +481,7 @@ final class Sequencer: @unchecked Sendable {
                 "concord.offset": "\(snap.offset)", "concord.bytes": "\(bytes.count)",
                 "concord.ms": "\(Int((monotonicSeconds() - started) * 1000))",
             ])
-            deliver(d)
+            bridge.post(d)
             local?.store(snap, bytes: bytes, sum: sum)
             snapshotting.store(false, ordering: .relaxed)
         }
@@ -760,7 +758,7 @@ final class Sequencer: @unchecked Sendable {
             while turn() {}
             let outputs = engine.takeOutput()
             releaseHeld(force: true)
-            if !outputs.isEmpty { deliver(Delivery(outputs: outputs, drained: false, inputTaken: false)) }
+            if !outputs.isEmpty { bridge.post(Delivery(outputs: outputs, drained: false, inputTaken: false)) }
         }
         engine.isShuttingDown = true
         drainedSent = true
