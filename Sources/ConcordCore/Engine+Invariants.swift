@@ -76,7 +76,14 @@ extension Engine {
                 }
             }
         }
-        if queries.memberOf.handles != queries.identities.capacity { note("\(queries.memberOf.handles) membership lists for \(queries.identities.capacity) handles") }
+        // The membership column covers every listed handle (it grows when one is listed), and is empty when none is.
+        if queries.identities.listed == 0 ? !queries.memberOf.isEmpty : queries.memberOf.handles > queries.identities.capacity {
+            note("\(queries.memberOf.handles) membership lists for \(queries.identities.capacity) handles, \(queries.identities.listed) listed")
+        }
+        for h in 0..<UInt32(queries.identities.capacity) where queries.identities.isListed(h) && Int(h) >= queries.memberOf.handles {
+            note("\(queries.identities.name(h)) is listed but has no membership list")
+            break
+        }
         for p in queries.identities.violations().prefix(3) { note(p) }
         // Memberships hold their views unowned: every one must be of a view
         // the registry still holds (live, or retiring until it is unfiled).
@@ -89,31 +96,31 @@ extension Engine {
         for hi in 0..<queries.memberOf.handles {
             let h = UInt32(hi)
             let count = queries.memberOf.count(of: h)
-            if count > 0 && queries.identities.names[hi].isEmpty { note("free handle \(h) has memberships") }
+            if count > 0 && (Int(h) >= queries.identities.capacity || !queries.identities.isListed(h)) { note("handle \(h), not listed, has memberships") }
             for slot in 0..<count {
                 let number = queries.memberOf.number(h, slot: slot)
                 guard let numbered = queries.memberOf.view(numbered: number), numbered.membershipNumber == number else {
-                    note("\(queries.identities.names[hi]) is listed to view number \(number), which no view has")
+                    note("\(queries.identities.name(h)) is listed to view number \(number), which no view has")
                     continue
                 }
                 let m = queries.memberOf[h, slot]
                 guard held.contains(ObjectIdentifier(m.view)) else {
-                    note("\(queries.identities.names[hi]) is listed to a query view the registry no longer holds")
+                    note("\(queries.identities.name(h)) is listed to a query view the registry no longer holds")
                     continue
                 }
                 let v = m.view
                 if m.node < 0 || Int(m.node) >= v.tree.nodeCapacity || v.tree.id(ofNode: Int(m.node)) != h {
-                    note("\(queries.identities.names[hi]) is listed to query view \(v.key), which does not hold it there")
+                    note("\(queries.identities.name(h)) is listed to query view \(v.key), which does not hold it there")
                     continue
                 }
                 let kept = v.tree.element(m.node).values.slot
-                if kept != Int32(slot) { note("\(queries.identities.names[hi]): query view \(v.key) is at slot \(slot) of its list but thinks \(kept)") }
-                if !v.retired && queries.views[v.key] !== v { note("\(queries.identities.names[hi]) is listed to query view \(v.key), which is neither live nor dropped") }
+                if kept != Int32(slot) { note("\(queries.identities.name(h)): query view \(v.key) is at slot \(slot) of its list but thinks \(kept)") }
+                if !v.retired && queries.views[v.key] !== v { note("\(queries.identities.name(h)) is listed to query view \(v.key), which is neither live nor dropped") }
             }
         }
         let listed = queries.types.values.reduce(0) { $0 + $1.entities.count }
         let releasing = queries.releasing.count - queries.releasingHead
-        if listed + releasing != queries.identities.count { note("types list \(listed) entities and \(releasing) are being given back, \(queries.identities.count) have handles") }
+        if listed + releasing != queries.identities.listed { note("types list \(listed) entities and \(releasing) are being given back, \(queries.identities.listed) handles are listed") }
         let slots = queries.views.values.reduce(0) { $0 + $1.held }
         if slots != queries.heldMembers { note("query views hold \(slots) entities but \(queries.heldMembers) are counted") }
         let rangeEntries = queries.types.values.reduce(0) { $0 + $1.entitiesByRange.values.reduce(0) { $0 + $1.count } }

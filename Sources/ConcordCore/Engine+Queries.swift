@@ -250,8 +250,10 @@ final class QueryRegistry {
     /// Definitions (window included) → what their subscribers see.
     var windows: [String: QueryWindow] = [:]
     var types: [String: TypeQueries] = [:]
-    /// The handles of the entities the query structures hold.
-    let identities = Identities()
+    /// The handles of the entities the query structures hold: the store's
+    /// table (``Store/entities``), where a listed entity's handle is its
+    /// record's.
+    let identities: Identities
     /// Handle → the views the entity is a member of (an entry per handle, live or free).
     var memberOf = Memberships()
     /// Which changed entity ``Engine/updateQueries(_:)`` is visiting (``QueryView/visitStamp``).
@@ -277,6 +279,10 @@ final class QueryRegistry {
     /// they stay within `--max-query-entities` (else the view is built by
     /// testing every entity of its type, as without the index).
     var rangeIndexEntries = 0
+
+    init(identities: Identities) {
+        self.identities = identities
+    }
 }
 
 extension Engine {
@@ -390,58 +396,56 @@ extension Engine {
 
     private func typeQueries(_ type: String) -> TypeQueries {
         if let t = queries.types[type] { return t }
-        // The handles of a dropped type must be given back before its
+        // The handles of a dropped type must be unlisted before its
         // entities are listed again (this is a scan of the store anyway).
         _ = releaseHandles(units: .max)
         let t = TypeQueries()
-        let prefix = type + ":"
-        for id in store.entities.keys where id.hasPrefix(prefix) { _ = listEntity(id, t) }
+        let ids = queries.identities
+        for h in 0..<UInt32(ids.capacity) where ids.record(h) != nil && Self.isOfType(ids.name(h), type) {
+            listEntity(h, t)
+        }
         queries.types[type] = t
         return t
     }
 
-    /// Lists an entity of a queried type that is not listed: its new handle.
-    private func listEntity(_ id: String, _ tq: TypeQueries) -> UInt32 {
-        let h = queries.identities.insert(id)
+    /// Lists an entity of a queried type that is not listed (its handle is
+    /// the store's: it is in memory).
+    private func listEntity(_ h: UInt32, _ tq: TypeQueries) {
+        let ids = queries.identities
         // Grown by half, as the identities' columns are.
-        queries.memberOf.grow(to: queries.identities.capacity, reserve: queries.identities.names.capacity)
-        queries.identities.typeSlot[Int(h)] = Int32(tq.entities.count)
+        queries.memberOf.grow(to: ids.capacity, reserve: ids.reservedCapacity)
+        ids.list(h, slot: Int32(tq.entities.count))
         if tq.entities.count == tq.entities.capacity { tq.entities.reserveCapacity(Identities.grownByHalf(tq.entities.count)) }
         tq.entities.append(h)
-        return h
     }
 
     /// Takes an entity out of its type's list (it is gone): its handle is
-    /// free, and its memberships (of dropped views, if any are left) with it.
+    /// unlisted (and freed, the store no longer holding it), and its
+    /// memberships (of dropped views, if any are left) go with it.
     private func unlistEntity(_ h: UInt32, _ tq: TypeQueries) {
         let ids = queries.identities
         let slot = Int(ids.typeSlot[Int(h)])
         let last = tq.entities.removeLast()
         if slot < tq.entities.count {
             tq.entities[slot] = last
-            ids.typeSlot[Int(last)] = Int32(slot)
+            ids.move(last, toSlot: Int32(slot))
         }
-        freeHandle(h)
+        unlistHandle(h)
     }
 
-    /// Gives a handle back with its memberships; when none is left, the
-    /// membership column goes with the identities' columns.
-    private func freeHandle(_ h: UInt32) {
+    /// Unlists a handle with its memberships; when none is listed, the
+    /// membership column goes.
+    private func unlistHandle(_ h: UInt32) {
         queries.memberOf.clear(h)
-        queries.identities.remove(h)
-        if queries.identities.count == 0 { queries.memberOf.removeAllLists() }
+        queries.identities.unlist(h)
+        if queries.identities.listed == 0 { queries.memberOf.removeAllLists() }
     }
 
-    /// Gives up the handles of a type whose last view went: at once when
-    /// they are all there is, else in slices (``releaseHandles(units:)``).
+    /// Unlists the handles of a type whose last view went, in slices
+    /// (``releaseHandles(units:)``): a type of a million entities must not
+    /// hold one turn.
     private func unlistEntities(_ tq: TypeQueries) {
-        let ids = queries.identities
-        if tq.entities.count == ids.count {
-            ids.removeAll()
-            queries.memberOf.removeAllLists()
-        } else {
-            queries.releasing.append(contentsOf: tq.entities)
-        }
+        queries.releasing.append(contentsOf: tq.entities)
         tq.entities = []
     }
 
@@ -451,7 +455,7 @@ extension Engine {
         while used < units, queries.releasingHead < queries.releasing.count {
             let h = queries.releasing[queries.releasingHead]
             queries.releasingHead += 1
-            freeHandle(h)
+            unlistHandle(h)
             used += 1
         }
         if queries.releasingHead == queries.releasing.count {
@@ -702,20 +706,22 @@ extension Engine {
         var touched: [QueryView] = []
         let current: (String) -> JSON? = { self.store.entity($0) }
         var candidates: [Membership] = []
+        let ids = queries.identities
         for (id, tq) in changed {
-            let value = store.entity(id)
+            // Its handle is the store's, or the listing's when the store
+            // no longer holds it (deleted): one lookup for both.
+            let known = ids.find(id)
+            let value = known.flatMap { ids.record($0)?.value }
             // Written back to what it was (within a batch): nothing to do.
             let before = store.valueBeforeMutation(id)
             if before == (value ?? .null) { continue }
             // The type's entity list (its handle) and value indexes.
-            let h: UInt32
-            if let known = queries.identities.find(id) {
-                h = known
-            } else if before == .null {
-                h = listEntity(id, tq)
-            } else {
-                // Not listed although it was in memory: the internal checks say so.
-                continue
+            guard let h = known else { continue }  // deleted, and not listed: the internal checks say so
+            if !ids.isListed(h) {
+                // Created by this mutation (else: not listed although it
+                // was in memory, which the internal checks report).
+                guard before == .null else { continue }
+                listEntity(h, tq)
             }
             for (pk, entry) in tq.paths {
                 let newKey = value.flatMap { QueryEval.value($0, entry.path) }.map(QueryEval.filingKey)
@@ -862,7 +868,7 @@ extension Engine {
         queries.windows = [:]
         queries.types = [:]
         queries.memberOf.removeAll()
-        queries.identities.removeAll()
+        queries.identities.unlistAll()
         queries.heldMembers = 0
         queries.rangeIndexEntries = 0
         queries.retiring = []

@@ -169,7 +169,7 @@ public final class Engine {
     var feeds: [ObjectIdentifier: SubscriptionRecord] = [:]
     var subscriptionCount = 0
     /// Live query views and their indexes (Engine+Queries.swift).
-    let queries = QueryRegistry()
+    let queries: QueryRegistry
     /// Coalescing (§6.6): the last episode number handed out, episodes begun, coalesced events written.
     var nextCoalescingEpisode = 0
     var coalescingEpisodes = 0
@@ -210,6 +210,7 @@ public final class Engine {
         self.configuration = configuration
         self.executor = executor
         self.store = Store(idKey: configuration.idKey)
+        self.queries = QueryRegistry(identities: store.entities)
         self.parser = JSONParser(maxDepth: configuration.maxDepth)
         // Values refreshed in place are reconstructed when asked for (Store.reconstructedBefore):
         // with the internal checks, against a copy kept of each.

@@ -117,7 +117,10 @@ struct StoreChange {
 /// the schema. Deterministic and single-threaded; the engine owns it.
 final class Store {
     let tree: Tree
-    private(set) var entities = IDTable<EntityRecord>()
+    /// The records by identity: the interning table the live queries
+    /// share (``Identities``), so an entity's text and hash are kept once.
+    /// Only the store writes records into it.
+    let entities = Identities()
     private(set) var documents = IDTable<DocumentRecord>()
     /// Entity → the entities that reference it directly, each with its
     /// record and how often (propagation reaches a holder's record without
@@ -760,7 +763,7 @@ final class Store {
     func clear() {
         commit()
         for rec in entities.values { rec.resident = false }
-        entities = [:]
+        entities.removeAllRecords()
         documents = [:]
         referrers = [:]
         documentReferrers = [:]

@@ -573,40 +573,77 @@ import Testing
         while h.engine.doDeferredWork(units: 7) {}
         #expect(h.engine.invariantViolations().isEmpty)
         #expect(h.engine.queries.types.isEmpty)
-        #expect(h.engine.queries.identities.count == 0)
+        #expect(h.engine.queries.identities.listed == 0)
         #expect(h.engine.queries.memberOf.isEmpty)
     }
 
+    /// The interning table against a plain model: records set and taken
+    /// out, handles listed and unlisted in random order; a handle lives
+    /// while it holds either, is found by its text, and is never given to
+    /// two identities at once.
     @Test func theTableAgreesWithADictionary() {
         var rng = SeededRandom(seed: 5)
         let ids = Identities()
-        var reference: [String: UInt32] = [:]
+        struct Entry { var handle: UInt32; var record: EntityRecord?; var listed: Bool }
+        var reference: [String: Entry] = [:]
         for step in 0..<20_000 {
             // Short identities (held in a String's two words) and long ones.
             let n = Int.random(in: 0..<600, using: &rng)
             let id = n % 3 == 0 ? "Entity:with-a-longer-identity-\(n)" : "E:\(n)"
-            if let handle = reference[id] {
-                #expect(ids.find(id) == handle)
-                #expect(ids.name(handle) == id)
-                if Bool.random(using: &rng) {
-                    ids.remove(handle)
+            if var e = reference[id] {
+                #expect(ids.find(id) == e.handle)
+                #expect(ids.name(e.handle) == id)
+                #expect(ids[id] === e.record && ids.record(e.handle) === e.record)
+                #expect(ids.isListed(e.handle) == e.listed)
+                switch Int.random(in: 0..<4, using: &rng) {
+                case 0:
+                    let r = EntityRecord(value: .string(id), children: Children())
+                    ids[id] = r
+                    e.record = r
+                case 1:
+                    #expect(ids.removeValue(forKey: id) === e.record)
+                    e.record = nil
+                case 2 where !e.listed:
+                    ids.list(e.handle, slot: 0)
+                    e.listed = true
+                case 3 where e.listed:
+                    ids.unlist(e.handle)
+                    e.listed = false
+                default:
+                    break
+                }
+                if e.record == nil && !e.listed {
                     reference[id] = nil
                     #expect(ids.find(id) == nil)
+                } else {
+                    reference[id] = e
                 }
             } else {
-                #expect(ids.find(id) == nil)
-                let handle = ids.insert(id)
-                #expect(!reference.values.contains(handle), "step \(step): handle \(handle) given twice")
-                reference[id] = handle
+                #expect(ids.find(id) == nil && ids[id] == nil)
+                var e = Entry(handle: 0, record: nil, listed: false)
+                if Bool.random(using: &rng) {
+                    let r = EntityRecord(value: .string(id), children: Children())
+                    ids[id] = r
+                    e.record = r
+                    e.handle = ids.find(id)!
+                } else {
+                    e.handle = ids.intern(id)
+                    ids.list(e.handle, slot: 0)
+                    e.listed = true
+                }
+                #expect(!reference.values.contains { $0.handle == e.handle }, "step \(step): handle \(e.handle) given twice")
+                reference[id] = e
             }
             if step % 1000 == 0 { #expect(ids.violations().isEmpty, "step \(step): \(ids.violations().prefix(3))") }
         }
-        #expect(ids.count == reference.count)
-        for (id, handle) in reference {
-            ids.remove(handle)
-            #expect(ids.find(id) == nil)
-        }
-        #expect(ids.count == 0 && ids.capacity == 0)
+        #expect(ids.handles == reference.count)
+        #expect(ids.count == reference.values.filter { $0.record != nil }.count)
+        #expect(Set(ids.keys) == Set(reference.filter { $0.value.record != nil }.keys))
+        ids.removeAllRecords()
+        #expect(ids.count == 0 && ids.handles == reference.values.filter(\.listed).count)
+        ids.unlistAll()
+        #expect(ids.handles == 0 && ids.capacity == 0)
+        for id in reference.keys { #expect(ids.find(id) == nil) }
     }
 }
 
