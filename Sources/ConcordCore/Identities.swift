@@ -216,7 +216,7 @@ final class Identities {
 
     /// The store's record of `id`.
     subscript(id: String) -> EntityRecord? {
-        @inline(__always) get {
+        get {
             guard handles > 0, let h = locate(id, hash(id)).handle else { return nil }
             return records[Int(h)]
         }

@@ -19,7 +19,11 @@ struct OrderTree<Values> {
         var id: UInt32
     }
 
-    private var elements: [Element] = []
+    // A node's element, in two columns: `Values` is often of a size that
+    // leaves padding, and the identity beside it in one struct rounded a
+    // view's node from 28 to 32 bytes.
+    private var values: [Values] = []
+    private var ids: [UInt32] = []
     private var left: [Int32] = []
     private var right: [Int32] = []
     private var size: [Int32] = []
@@ -74,19 +78,20 @@ struct OrderTree<Values> {
 
     /// A node's priority: its identity, scrambled (not stored: 4 bytes a node).
     @inline(__always)
-    private func priority(_ n: Int32) -> UInt32 { Self.hash(elements[Int(n)].id) }
+    private func priority(_ n: Int32) -> UInt32 { Self.hash(ids[Int(n)]) }
 
     /// Gives back the room its arrays grew beyond their nodes (after a
     /// build: appending doubled them). Only without free nodes.
     mutating func shrinkToFit() {
-        guard free.isEmpty, elements.capacity > elements.count else { return }
+        guard free.isEmpty, ids.capacity > ids.count else { return }
         func fit<T>(_ a: inout [T]) {
             var b: [T] = []
             b.reserveCapacity(a.count)
             b.append(contentsOf: a)
             a = b
         }
-        fit(&elements)
+        fit(&values)
+        fit(&ids)
         fit(&left)
         fit(&right)
         fit(&size)
@@ -95,25 +100,27 @@ struct OrderTree<Values> {
 
     private mutating func newNode(_ e: Element) -> Int32 {
         if let n = free.popLast() {
-            elements[Int(n)] = e
+            values[Int(n)] = e.values
+            ids[Int(n)] = e.id
             left[Int(n)] = -1
             right[Int(n)] = -1
             size[Int(n)] = 1
             parent[Int(n)] = -1
             return n
         }
-        elements.append(e)
+        values.append(e.values)
+        ids.append(e.id)
         left.append(-1)
         right.append(-1)
         size.append(1)
         parent.append(-1)
-        return Int32(elements.count - 1)
+        return Int32(ids.count - 1)
     }
 
     /// Splits `n` into (< e, ≥ e).
     private mutating func split(_ n: Int32, _ e: Element) -> (Int32, Int32) {
         if n < 0 { return (-1, -1) }
-        if less(elements[Int(n)], e) {
+        if less(elementAt(Int(n)), e) {
             let (a, b) = split(right[Int(n)], e)
             setRight(n, a)
             update(n)
@@ -156,19 +163,22 @@ struct OrderTree<Values> {
     }
 
     /// The element a node handle (from ``insertNode(_:)``) holds.
-    func element(_ node: Int32) -> Element { elements[Int(node)] }
+    func element(_ node: Int32) -> Element { elementAt(Int(node)) }
+
+    @inline(__always)
+    private func elementAt(_ n: Int) -> Element { Element(values: values[n], id: ids[n]) }
 
     /// Changes what a node holds beside its order (`body` must not change
     /// how the element compares).
     mutating func modifyValues(_ node: Int32, _ body: (inout Values) -> Void) {
-        body(&elements[Int(node)].values)
+        body(&values[Int(node)])
     }
 
     /// Nodes are numbered `0 ..< nodeCapacity`; a free one holds ``Identities/none``.
-    var nodeCapacity: Int { elements.count }
+    var nodeCapacity: Int { ids.count }
 
     /// The identity a node holds, ``Identities/none`` when it is free.
-    func id(ofNode n: Int) -> UInt32 { elements[n].id }
+    func id(ofNode n: Int) -> UInt32 { ids[n] }
 
     /// Removes `e` (present) and returns the position it had.
     @discardableResult
@@ -196,7 +206,8 @@ struct OrderTree<Values> {
                 x = parent[Int(x)]
             }
         }
-        elements[Int(n)] = Element(values: vacant, id: Identities.none)
+        values[Int(n)] = vacant
+        ids[Int(n)] = Identities.none
         left[Int(n)] = -1
         right[Int(n)] = -1
         parent[Int(n)] = -1
@@ -221,14 +232,15 @@ struct OrderTree<Values> {
 
     private mutating func removeNode(_ n: Int32, _ e: Element) -> Int32 {
         if n < 0 { return -1 }
-        let x = elements[Int(n)]
+        let x = elementAt(Int(n))
         if less(e, x) {
             setLeft(n, removeNode(left[Int(n)], e))
         } else if less(x, e) {
             setRight(n, removeNode(right[Int(n)], e))
         } else {
             let m = merge(left[Int(n)], right[Int(n)])
-            elements[Int(n)] = Element(values: vacant, id: Identities.none)
+            values[Int(n)] = vacant
+            ids[Int(n)] = Identities.none
             free.append(n)
             return m
         }
@@ -241,7 +253,7 @@ struct OrderTree<Values> {
         var n = root
         var r = 0
         while n >= 0 {
-            let x = elements[Int(n)]
+            let x = elementAt(Int(n))
             if less(x, e) {
                 r += Int(sz(left[Int(n)])) + 1
                 n = right[Int(n)]
@@ -260,7 +272,7 @@ struct OrderTree<Values> {
         var n = root
         var r = 0
         while n >= 0 {
-            if below(elements[Int(n)]) {
+            if below(elementAt(Int(n))) {
                 r += Int(sz(left[Int(n)])) + 1
                 n = right[Int(n)]
             } else {
@@ -279,7 +291,7 @@ struct OrderTree<Values> {
             if p < l {
                 n = left[Int(n)]
             } else if p == l {
-                return elements[Int(n)]
+                return elementAt(Int(n))
             } else {
                 p -= l + 1
                 n = right[Int(n)]
@@ -312,7 +324,7 @@ struct OrderTree<Values> {
             }
         }
         while out.count < hi - lo, let top = stack.popLast() {
-            out.append(elements[Int(top)].id)
+            out.append(ids[Int(top)])
             var m = right[Int(top)]
             while m >= 0 {
                 stack.append(m)
@@ -334,19 +346,20 @@ struct OrderTree<Values> {
             if parent[Int(n)] != p { problems.append("node \(n): parent \(parent[Int(n)]), linked under \(p)") }
             if p >= 0 && priority(n) > priority(p) { problems.append("node \(n): priority above its parent's") }
             let l = walk(left[Int(n)], n)
-            if previous >= 0 && !less(elements[Int(previous)], elements[Int(n)]) { problems.append("node \(n): out of order") }
+            if previous >= 0 && !less(elementAt(Int(previous)), elementAt(Int(n))) { problems.append("node \(n): out of order") }
             previous = n
             let s = 1 + l + walk(right[Int(n)], n)
             if size[Int(n)] != s { problems.append("node \(n): size \(size[Int(n)]), holds \(s)") }
             return s
         }
         _ = walk(root, -1)
-        if seen + free.count != elements.count { problems.append("\(seen) linked + \(free.count) free of \(elements.count) nodes") }
+        if seen + free.count != ids.count { problems.append("\(seen) linked + \(free.count) free of \(ids.count) nodes") }
         return problems
     }
 
     mutating func removeAll() {
-        elements = []
+        values = []
+        ids = []
         left = []
         right = []
         size = []
