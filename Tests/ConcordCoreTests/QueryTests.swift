@@ -516,6 +516,45 @@ import Testing
 /// entity goes or its type's last view does, given again to new entities,
 /// while dropped views are still being unfiled with the old ones.
 @Suite struct QueryHandleTests {
+    /// The store and the live queries share one table of handles: a
+    /// listed entity's handle is its record's; a deleted one's stays only
+    /// until the queries have unlisted it; a dropped type's entities keep
+    /// their handles as long as the store holds them; `clear` frees all.
+    @Test func theStoreAndTheQueriesShareHandles() {
+        let h = EngineHarness()
+        let w = h.connect()
+        let ids = h.engine.store.entities
+        #expect(h.engine.queries.identities === ids)
+        w.ok(#"{"op":"update","model":{"id":"Post:1","date":1}}"#)
+        w.ok(#"{"op":"update","model":{"id":"Post:2","date":2}}"#)
+        w.ok(#"{"op":"update","model":{"id":"Note:1","rank":1}}"#)
+        #expect(ids.handles == 3 && ids.count == 3 && ids.listed == 0)
+        let post1 = ids.find("Post:1")!
+        w.ok(#"{"op":"subscribe","sub":"q","query":{"type":"Post","order":[{"path":"date"}]}}"#)
+        _ = w.take()
+        #expect(ids.listed == 2 && ids.isListed(post1) && !ids.isListed(ids.find("Note:1")!))
+        #expect(ids.handles == 3, "listing makes no handle of its own")
+        // Deleted: the store lets the record go, the query unlists it, and the handle is free.
+        w.ok(#"{"op":"delete","id":"Post:1"}"#)
+        #expect(ids.find("Post:1") == nil && ids.count == 2 && ids.listed == 1 && ids.handles == 2)
+        // Created again: it gets a handle (the freed one) and the query lists it.
+        w.ok(#"{"op":"update","model":{"id":"Post:1","date":3}}"#)
+        #expect(ids.find("Post:1") == post1 && ids.isListed(post1) && ids.listed == 2)
+        // The type's last view goes: its entities are unlisted (between
+        // turns), and keep their handles while the store holds them.
+        w.ok(#"{"op":"unsubscribe","sub":"q"}"#)
+        while h.engine.doDeferredWork(units: 1) {}
+        #expect(ids.listed == 0 && ids.handles == 3 && ids.count == 3)
+        #expect(h.engine.queries.memberOf.isEmpty)
+        #expect(h.engine.invariantViolations().isEmpty)
+        // A view again, then `clear`: nothing is left interned.
+        w.ok(#"{"op":"subscribe","sub":"q2","query":{"type":"Note"}}"#)
+        #expect(ids.listed == 1)
+        w.ok(#"{"op":"clear"}"#)
+        #expect(ids.handles == 0 && ids.count == 0 && ids.listed == 0 && ids.capacity == 0)
+        #expect(h.engine.invariantViolations().isEmpty)
+    }
+
     @Test(arguments: [11, 12, 13] as [UInt64])
     func handlesGoAndComeBackWhileDroppedViewsUnfile(seed: UInt64) {
         var rng = SeededRandom(seed: seed)
