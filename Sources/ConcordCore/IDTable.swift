@@ -242,6 +242,22 @@ struct IDTable<Value> {
 
     func contains(_ key: String) -> Bool { index(of: key) != nil }
 
+    /// Calls `body` with the value under `key`, read in place (no copy of
+    /// it, nor of the table); false when absent.
+    @inline(__always)
+    func withValue(_ key: String, _ body: (Value) -> Void) -> Bool {
+        guard let s = storage, let e = s.entry(key) else { return false }
+        body(s.values[e])
+        return true
+    }
+
+    /// Calls `body` with each entry in iteration order, read in place.
+    @inline(__always)
+    func forEachEntry(_ body: (String, Value) -> Void) {
+        guard let s = storage else { return }
+        for i in 0..<s.count { body(s.keys[i], s.values[i]) }
+    }
+
     subscript(key: String) -> Value? {
         get { storage?.value(key) }
         set {

@@ -127,7 +127,7 @@ final class Store {
     /// looking it up). Kept apart from the records: a reference may precede
     /// its target. Holders are resident (the index is kept from resident
     /// records' children).
-    private var referrers = IDTable<[String: Holding]>()
+    private var referrers = IDTable<Holders<Holding>>()
 
     /// A holder in `referrers`.
     struct Holding {
@@ -135,7 +135,7 @@ final class Store {
         var count: Int
     }
     /// Entity → the documents that hold it as a top-most entity.
-    private var documentReferrers = IDTable<[String: Int]>()
+    private var documentReferrers = IDTable<Holders<Int>>()
     /// Ordered collections of entity references (Store+Collections.swift).
     var collections: [String: CollectionRecord] = [:]
     /// Entity → the collections holding it, with occurrence counts.
@@ -603,8 +603,8 @@ final class Store {
             var docs: Set<String> = []
             var queue = Array(written)
             while let id = queue.popLast() {
-                for r in (referrers[id] ?? [:]).keys where holders.insert(r).inserted { queue.append(r) }
-                docs.formUnion((documentReferrers[id] ?? [:]).keys)
+                for (r, _) in referrers[id] ?? Holders() where holders.insert(r).inserted { queue.append(r) }
+                for (k, _) in documentReferrers[id] ?? Holders() { docs.insert(k) }
             }
             change.forcedHolders = IDSet(holders)
             change.documentsForced = IDSet(docs)
@@ -720,7 +720,7 @@ final class Store {
         var queue = [id]
         let requiredFn: (String) -> Set<String>? = { self.required[$0] }
         while let d = queue.popLast() {
-            for parent in (referrers[d] ?? [:]).keys where !deleted.contains(parent) {
+            for (parent, _) in referrers[d] ?? Holders() where !deleted.contains(parent) {
                 guard let pv = entities[parent]?.value else { continue }
                 if case .deleted = tree.prune(pv, deleted: deleted, required: requiredFn, current: { _ in nil }) {
                     deleted.insert(parent)
@@ -733,8 +733,8 @@ final class Store {
         var parents: Set<String> = []
         var docs: Set<String> = []
         for d in deleted {
-            for p in (referrers[d] ?? [:]).keys where !deleted.contains(p) { parents.insert(p) }
-            docs.formUnion((documentReferrers[d] ?? [:]).keys)
+            for (p, _) in referrers[d] ?? Holders() where !deleted.contains(p) { parents.insert(p) }
+            for (k, _) in documentReferrers[d] ?? Holders() { docs.insert(k) }
         }
         for d in deleted {
             if entities[d] != nil {
@@ -829,20 +829,23 @@ final class Store {
             // A resident record says whether anyone holds it; otherwise look.
             let held = rec?.held ?? (EntityRecord.heldByEntities | EntityRecord.heldByDocuments)
             if hasDocuments { addDocumentHolders(of: id, held: held, to: &docs) }
-            guard held & EntityRecord.heldByEntities != 0, let holders = referrers[id] else { return }
-            if !writtenMarked {
-                writtenMarked = true
-                for (w, _) in written { entities[w]?.mark(generation, .done) }
-            }
-            if isRefreshed { chained = true }
-            for (r, h) in holders {
-                let rec = h.record
-                guard rec.walkGeneration != generation else { continue }
-                rec.mark(generation, .pending)
-                toRefresh.append((r, rec))
-                // A referrer nobody holds has nothing to visit (an author's
-                // hundred posts): it is not queued.
-                if rec.held != 0 { queue.append((r, rec, true)) }
+            guard held & EntityRecord.heldByEntities != 0 else { return }
+            // The holders read in place: neither the table nor its value is copied.
+            _ = referrers.withValue(id) { holders in
+                if !writtenMarked {
+                    writtenMarked = true
+                    for (w, _) in written { entities[w]?.mark(generation, .done) }
+                }
+                if isRefreshed { chained = true }
+                holders.forEach { r, h in
+                    let rec = h.record
+                    guard rec.walkGeneration != generation else { return }
+                    rec.mark(generation, .pending)
+                    toRefresh.append((r, rec))
+                    // A referrer nobody holds has nothing to visit (an author's
+                    // hundred posts): it is not queued.
+                    if rec.held != 0 { queue.append((r, rec, true)) }
+                }
             }
         }
         var seeds: [(String, EntityRecord)] = []
@@ -908,7 +911,7 @@ final class Store {
     @inline(__always)
     private func addDocumentHolders(of id: String, held: UInt8, to docs: inout IDSet) {
         guard held & EntityRecord.heldByDocuments != 0, let holders = documentReferrers[id] else { return }
-        docs.formUnion(holders.keys)
+        for (k, _) in holders { docs.insert(k) }
     }
 
     /// Re-materializes the documents in `docs` (they hold a changed or
@@ -1121,16 +1124,19 @@ final class Store {
     }
 
     private func adjustReferrer(of child: String, entity: String, _ record: EntityRecord, by n: Int) {
-        let held = referrers.modify(child, default: [:]) { holders in
-            // One hash of `entity` (the dictionary's SipHash, ~200
-            // instructions for an identity): a lookup then a write hashed twice.
+        let held = referrers.modify(child, default: Holders()) { holders in
+            // One lookup of `entity`: found, changed in place; absent, added
+            // (a decrease of an absent holder adds nothing).
             if n < 0 {
-                if let i = holders.index(forKey: entity) {
-                    let v = holders.values[i].count + n
-                    if v > 0 { holders.values[i].count = v } else { holders.remove(at: i) }
+                holders.modify(entity, default: Holding(record: record, count: 0)) { h in
+                    h.count += n
+                    return h.count > 0
                 }
             } else if n > 0 {
-                Self.add(n, record, to: &holders[entity, default: Holding(record: record, count: 0)])
+                holders.modify(entity, default: Holding(record: record, count: 0)) { h in
+                    Self.add(n, record, to: &h)
+                    return true
+                }
             }
             return !holders.isEmpty
         }
@@ -1143,14 +1149,12 @@ final class Store {
     }
 
     private func adjustDocumentReferrer(of child: String, key: String, by n: Int) {
-        let held = documentReferrers.modify(child, default: [:]) { holders in
-            if n < 0 {
-                if let i = holders.index(forKey: key) {
-                    let v = holders.values[i] + n
-                    if v > 0 { holders.values[i] = v } else { holders.remove(at: i) }
+        let held = documentReferrers.modify(child, default: Holders()) { holders in
+            if n != 0 {
+                holders.modify(key, default: 0) { v in
+                    v += n
+                    return v > 0
                 }
-            } else if n > 0 {
-                holders[key, default: 0] += n
             }
             return !holders.isEmpty
         }
@@ -1201,7 +1205,7 @@ extension Store {
                 note("entity \(id) is not materialized with its children's current values")
             }
         }
-        if expectedReferrers != Dictionary(uniqueKeysWithValues: referrers.map { ($0.key, $0.value.mapValues(\.count)) }) { note("the referrer index disagrees with the records' children") }
+        if expectedReferrers != Dictionary(uniqueKeysWithValues: referrers.map { ($0.key, Dictionary(uniqueKeysWithValues: $0.value.map { ($0.key, $0.value.count) })) }) { note("the referrer index disagrees with the records' children") }
         for (child, holders) in referrers {
             for (h, holding) in holders where entities[h] !== holding.record {
                 note("the referrer index holds a record of \(h) (holding \(child)) that is not the resident one")
@@ -1219,7 +1223,7 @@ extension Store {
                 note("document \(key) is not materialized with its entities' current values")
             }
         }
-        if expectedDocReferrers != Dictionary(uniqueKeysWithValues: documentReferrers.map { ($0.key, $0.value) }) { note("the document referrer index disagrees with the documents") }
+        if expectedDocReferrers != Dictionary(uniqueKeysWithValues: documentReferrers.map { ($0.key, Dictionary(uniqueKeysWithValues: Array($0.value))) }) { note("the document referrer index disagrees with the documents") }
         var expectedCollectionReferrers: [String: [String: Int]] = [:]
         for (name, c) in collections {
             if c.ids.count != c.values.count { note("collection \(name): \(c.ids.count) ids but \(c.values.count) values"); continue }
