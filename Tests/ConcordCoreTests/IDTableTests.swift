@@ -1,3 +1,4 @@
+import ConcordTestSupport
 import Testing
 
 @testable import ConcordCore
@@ -152,5 +153,47 @@ struct IDTableTests {
         #expect(Set(a.union(b)) == sa.union(sb))
         for i in 0..<300 { #expect(a.contains("E:\(i)") == sa.contains("E:\(i)")) }
         #expect(a == IDSet(sa) && a != b)
+    }
+}
+
+/// `Holders` (an entity's holders in the referrer indexes: the first inline,
+/// the rest in an `IDTable`) against a Dictionary under random increments
+/// and decrements: the same members and counts, the first slot filled
+/// whenever any holder is left (the last of the others moves in when it
+/// goes), each holder iterated once, and the same order for the same steps.
+struct HoldersTests {
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func agreesWithADictionary(seed: UInt64) {
+        func run() -> [[String]] {
+            var rng = SeededRandom(seed: seed)
+            var holders = Holders<Int>()
+            var model: [String: Int] = [:]
+            var orders: [[String]] = []
+            for step in 0..<4000 {
+                // Few keys, so the set empties and refills often.
+                let n = Int.random(in: 0..<(step % 500 < 250 ? 3 : 40), using: &rng)
+                let key = n % 4 == 0 ? "Holder:with-a-longer-identity-\(n)" : "H:\(n)"
+                let delta = Int.random(in: -2...2, using: &rng)
+                holders.modify(key, default: 0) { v in
+                    v += delta
+                    return v > 0
+                }
+                let v = (model[key] ?? 0) + delta
+                model[key] = v > 0 ? v : nil
+                #expect(holders.count == model.count)
+                #expect(holders.isEmpty == model.isEmpty)
+                let listed = Array(holders)
+                #expect(Set(listed.map(\.key)).count == listed.count, "step \(step): a holder iterated twice")
+                #expect(Dictionary(uniqueKeysWithValues: listed.map { ($0.key, $0.value) }) == model, "step \(step)")
+                var visited: [String: Int] = [:]
+                holders.forEach { k, v in visited[k] = v }
+                #expect(visited == model)
+                if !model.isEmpty { #expect(holders.value(listed[0].key) == model[listed[0].key]) }
+                #expect(holders.value("H:absent") == nil)
+                orders.append(listed.map(\.key))
+            }
+            return orders
+        }
+        #expect(run() == run(), "the order depends on nothing but the steps")
     }
 }
