@@ -627,7 +627,11 @@ final class Sequencer: @unchecked Sendable {
                 // Someone idle sent a request: end the round where the lines
                 // parsed ahead run out (the rest goes back unparsed: nothing
                 // is parsed twice); the next round takes the newcomer first.
-                if arrived && next >= parsedEnd, case .line = slice[i] {
+                // In a turn's first round the lane is not cut before its
+                // first line: cut there whenever the parsed chunk ended just
+                // before it, a pipelining writer behind newcomers that never
+                // stop got no line in any turn (found under TSan, stop 41).
+                if arrived && next >= parsedEnd && (handledInTurnBefore || i > slice.startIndex), case .line = slice[i] {
                     stopped = (li, i)
                     break outer
                 }

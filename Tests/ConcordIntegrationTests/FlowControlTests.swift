@@ -156,8 +156,12 @@ struct FlowControlTests {
         let before = counter.value
         // Each client's last request number (what a get must return at the end).
         final class Last: @unchecked Sendable {
-            // Sendable: each slot is written by its client's thread and read after `group.wait()`.
-            var n = [Int](repeating: -1, count: 20)
+            // Sendable: guarded by `lock` (an array's element written from
+            // twenty threads is a write of the whole array).
+            let lock = NSLock()
+            private var numbers = [Int](repeating: -1, count: 20)
+            func set(_ k: Int, _ n: Int) { lock.lock(); numbers[k] = n; lock.unlock() }
+            func of(_ k: Int) -> Int { lock.lock(); defer { lock.unlock() }; return numbers[k] }
         }
         let last = Last()
         let deadline = Date().addingTimeInterval(60)
@@ -175,7 +179,7 @@ struct FlowControlTests {
                 while n < 100 || (counter.value - before < 200 && Date() < deadline) {
                     let r = try? c.request(#"{"op":"update","key":"c\#(k)","model":{"id":"C:\#(k)","n":\#(n)}}"#)
                     if r?["ok"] != true { failures.add("client \(k) request \(n): \(String(describing: r))") }
-                    last.n[k] = n
+                    last.set(k, n)
                     n += 1
                     usleep(1_500)
                 }
@@ -199,7 +203,7 @@ struct FlowControlTests {
         // Each client's last write is what a get returns: nothing lost or reordered.
         let probe = try server.connect()
         for k in 0..<20 {
-            #expect(try probe.request(#"{"op":"get","key":"c\#(k)"}"#)["model"]?["n"] == JSON.number(JSONNumber(last.n[k])))
+            #expect(try probe.request(#"{"op":"get","key":"c\#(k)"}"#)["model"]?["n"] == JSON.number(JSONNumber(last.of(k))))
         }
         #expect(server.stop() == 0)
     }
