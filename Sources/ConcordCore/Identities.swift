@@ -231,8 +231,6 @@ final class Identities {
         }
     }
 
-    func contains(_ id: String) -> Bool { self[id] != nil }
-
     /// Takes the store's record of `id` out; the handle goes with it unless a query lists it.
     @discardableResult
     func removeValue(forKey id: String) -> EntityRecord? {
