@@ -134,6 +134,13 @@ struct WrittenIDs: Sequence, IteratorProtocol {
 
     init(effects: [ViewEffect]) { self.effects = effects }
 
+    /// How many there are (the change set is hashed for many lookups).
+    var underestimatedCount: Int {
+        var n = 0
+        for e in effects { if case .update(let u) = e { n += u.swap.count } }
+        return n
+    }
+
     mutating func next() -> String? {
         while e < effects.count {
             if case .update(let u) = effects[e], i < u.swap.count {

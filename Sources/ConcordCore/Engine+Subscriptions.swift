@@ -314,7 +314,7 @@ extension Engine {
     /// `valueChanged`: when `old` and `new` are the store's document before
     /// and after a mutation, the entities it changed (see `Tree.diff`).
     /// `onlyChanged`: the caller knows the one identity that changed, and that none was deleted.
-    func writeDocumentBody(_ w: inout JSONWriter, old: JSON?, new: JSON?, context: JSON?, valueChanged: IDSet? = nil,
+    func writeDocumentBody(_ w: inout JSONWriter, old: JSON?, new: JSON?, context: JSON?, valueChanged: ChangeSet? = nil,
                            onlyChanged: String? = nil) {
         if let id = onlyChanged {
             w.raw(",\"model\":")

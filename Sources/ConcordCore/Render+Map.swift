@@ -65,7 +65,7 @@ extension Engine {
     /// `valueChanged`: the mutation's `StoreChange.valueChanged` (an entity
     /// not in it shows the same value before and after it in any document).
     func mapRender(_ plan: RenderPlan, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?,
-                   valueChanged: IDSet) -> RenderResults {
+                   valueChanged: ChangeSet) -> RenderResults {
         let results = renderResults
         results.reset(count: plan.jobs.count)
         guard plan.renders else { return results }
@@ -122,7 +122,7 @@ extension Engine {
     }
 
     private func renderJob(_ job: RenderPlan.Job, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?,
-                           valueChanged: IDSet, buffer: inout [UInt8], alone: Bool) -> Rendered {
+                           valueChanged: ChangeSet, buffer: inout [UInt8], alone: Bool) -> Rendered {
         switch job {
         case .model(let view):
             return .model(renderModel(view, effects, seq: seq, origins: origins, context: context))

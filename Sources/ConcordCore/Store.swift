@@ -85,7 +85,7 @@ final class DocumentRecord {
 /// What one store operation did, for the views.
 struct StoreChange {
     /// Entities whose materialized value changed (an own write or a nested change).
-    var valueChanged = IDSet()
+    var valueChanged = ChangeSet()
     /// Entities whose own record was written with a change, deleted, or forced: the feed.
     var recordChanged = IDSet()
     /// Entities deleted (cascades included).
@@ -193,7 +193,7 @@ final class Store {
     /// child makes the child change too). A document that is this entity
     /// before and after then changed exactly it: the same identities, each
     /// other one with its value (no walk of the two trees to find out).
-    func soleChangedEntity(_ value: JSON, valueChanged: IDSet) -> String? {
+    func soleChangedEntity(_ value: JSON, valueChanged: ChangeSet) -> String? {
         guard case .object(let o) = value, let id = o.identity(idKey: tree.idKey), let rec = entities[id] else { return nil }
         let mark = rec.mutationMark
         guard mark >> EntityRecord.markBits == mutationGeneration, mark & EntityRecord.written != 0,
@@ -611,7 +611,7 @@ final class Store {
             // A copy to filter by: a closure stored in the lazy sequence
             // that captured `change` itself boxed it on the heap on every
             // `apply`, forced or not.
-            let valueChanged = change.valueChanged
+            let valueChanged = change.valueChanged.asIDSet
             refreshInCollections(holders.lazy.filter { !valueChanged.contains($0) }, changed: false)
         }
         if let key = u.key {
@@ -864,7 +864,7 @@ final class Store {
         // needed; with deletes, pruning decides.
         // (Only when there is something to add: `changed` may share the set's
         // storage, and reserving would copy it.)
-        if !toRefresh.isEmpty { change.valueChanged.reserveCapacity(change.valueChanged.count + toRefresh.count) }
+        if !toRefresh.isEmpty { change.valueChanged.reserveNew(toRefresh.count) }
         let pruning = !deleted.isEmpty
         // Siblings usually hold the same changed child (an author's posts):
         // the last lookup is remembered, by identity (in the store, not in
@@ -891,7 +891,9 @@ final class Store {
             }
             if !pruning {
                 refreshEntity(rec, id) { current($0) }
-                change.valueChanged.insert(id)
+                // New to the set: each record is refreshed once, and the
+                // written ones (the set's members so far) are marked done.
+                change.valueChanged.insertNew(id)
             } else if case .kept(let new) = tree.prune(rec.value, deleted: deleted, required: { self.required[$0] }, current: { current($0) }),
                       rec.value != new {
                 // Pruning deletes may drop nested identities: a full write.

@@ -399,7 +399,7 @@ struct Tree {
     /// the same length, each identity at the same place — else nil. The
     /// changed identities in pre-order, each once (one identity has one
     /// version in a tree, so its first occurrence decides for all).
-    func changedInSameShape(_ old: JSON, _ new: JSON, valueChanged: IDSet? = nil) -> [String]? {
+    func changedInSameShape(_ old: JSON, _ new: JSON, valueChanged: ChangeSet? = nil) -> [String]? {
         var changed: [String] = []
         var listed: Set<String> = []  // past 16 changed identities, not to scan them
         var mismatch = false
@@ -478,7 +478,7 @@ struct Tree {
     /// store's entities before and after one mutation, which changed exactly
     /// these (`StoreChange.valueChanged`): an entity not in it has the same
     /// value in both trees, so its subtree is not compared.
-    func diff(old: JSON?, new: JSON?, valueChanged: IDSet? = nil) -> (changed: [String], deleted: [String]) {
+    func diff(old: JSON?, new: JSON?, valueChanged: ChangeSet? = nil) -> (changed: [String], deleted: [String]) {
         // Common case first: the same shape (a value changed, the identities
         // did not move): one walk of both trees, no hashing, no lists of
         // occurrences; unchanged subtrees share buffers and are skipped.

@@ -82,8 +82,14 @@ final class Versions {
                 collectionChanged: (String) -> Bool, store: Store) {
         let before = historyIDs.count
         // One hash per name: the old seq comes back from the write.
-        for id in written where change.valueChanged.contains(id) {
-            if entities.updateValue(seq, forKey: id) != seq { historyIDs.append(id) }
+        if let valueChanged = change.valueChanged.hashed(forLookups: written.underestimatedCount) {
+            for id in written where valueChanged.contains(id) {
+                if entities.updateValue(seq, forKey: id) != seq { historyIDs.append(id) }
+            }
+        } else {
+            for id in written where change.valueChanged.contains(id) {
+                if entities.updateValue(seq, forKey: id) != seq { historyIDs.append(id) }
+            }
         }
         for id in change.deleted where entities.updateValue(seq, forKey: id) != seq {
             historyIDs.append(id)

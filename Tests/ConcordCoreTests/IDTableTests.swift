@@ -154,6 +154,62 @@ struct IDTableTests {
         for i in 0..<300 { #expect(a.contains("E:\(i)") == sa.contains("E:\(i)")) }
         #expect(a == IDSet(sa) && a != b)
     }
+
+    /// `ChangeSet`: members appended unhashed (`insertNew`, what
+    /// propagation does for the referrers it refreshes) mixed with hashed
+    /// inserts, lookups and hashed copies: the same members as a `Set`, in
+    /// insertion order, however the two kinds of insert interleave.
+    @Test(arguments: [3, 4, 5] as [UInt64])
+    func changeSetAgreesWithASet(seed: UInt64) {
+        var rng = SplitMix(seed: seed)
+        var set = ChangeSet()
+        var model: Set<String> = []
+        var order: [String] = []
+        var fresh = 0
+        var copies: [(ChangeSet, [String])] = []
+        for step in 0..<4000 {
+            switch rng.next() % 8 {
+            case 0, 1, 2:
+                // New to the set: a name never used.
+                fresh += 1
+                let n = fresh % 3 == 0 ? "Post:a-longer-identity-than-fifteen-\(fresh)" : "N:\(fresh)"
+                set.insertNew(n)
+                model.insert(n)
+                order.append(n)
+            case 3, 4:
+                // Maybe a member already: hashed.
+                let n = rng.next() % 2 == 0 && !order.isEmpty ? order[rng.next() % order.count] : "O:\(rng.next() % 500)"
+                let inserted = set.insert(n).inserted
+                #expect(inserted == model.insert(n).inserted)
+                if inserted { order.append(n) }
+            case 5:
+                let n = rng.next() % 2 == 0 && !order.isEmpty ? order[rng.next() % order.count] : "O:\(rng.next() % 500)"
+                #expect(set.contains(n) == model.contains(n))
+            case 6:
+                let all = set.asIDSet
+                #expect(Array(all) == order && all.count == model.count)
+                if let h = set.hashed(forLookups: rng.next() % 40) {
+                    #expect(set.unhashedCount > 8 && Array(h) == order)
+                }
+                if step % 50 == 0 { copies.append((set, order)) }
+            default:
+                if rng.next() % 100 == 0 { set.hashAll() }
+            }
+            #expect(set.count == model.count)
+        }
+        #expect(Array(set) == order)
+        for n in order { #expect(set.contains(n)) }
+        #expect(!set.contains("never") && set == ChangeSet(order) && Set(set.union(["x"])) == model.union(["x"]))
+        // A copy is a value: what was added after it is not in it.
+        for (copy, snapshot) in copies {
+            #expect(Array(copy) == snapshot)
+            if snapshot.count < order.count { #expect(!copy.contains(order[snapshot.count])) }
+        }
+        var big = ChangeSet()
+        for i in 0..<200 { big.insertNew("B:\(i)") }
+        #expect(big.unhashedCount == 199 && big.hashed(forLookups: 100)?.count == 200)
+        #expect(big.hashed(forLookups: 1) == nil)
+    }
 }
 
 /// `Holders` (an entity's holders in the referrer indexes: the first inline,
