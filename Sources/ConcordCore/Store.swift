@@ -866,21 +866,15 @@ final class Store {
         // storage, and reserving would copy it.)
         if !toRefresh.isEmpty { change.valueChanged.reserveNew(toRefresh.count) }
         let pruning = !deleted.isEmpty
-        // Siblings usually hold the same changed child (an author's posts):
-        // the last lookup is remembered, by identity (in the store, not in
-        // locals: `refresh` is recursive, and locals it captures through
-        // `current` were boxed on the heap, two allocations per propagation).
+        // The last lookup (`currentValue`) is remembered in the store, not
+        // in locals: `refresh` is recursive, and locals it captures were
+        // boxed on the heap, two allocations per propagation.
         defer {
             lastLookupID = ""
             lastLookupValue = nil
             lastKnownChild = ""
         }
-        func current(_ id: String) -> JSON? {
-            if id == lastLookupID { return lastLookupValue }
-            lastLookupID = id
-            lastLookupValue = entities[id]?.value
-            return lastLookupValue
-        }
+        func current(_ id: String) -> JSON? { currentValue(id) }
         func refresh(_ id: String, _ rec: EntityRecord) {
             guard rec.walkState == .pending else { return }
             rec.walkState = .inProgress
@@ -890,7 +884,7 @@ final class Store {
                 }
             }
             if !pruning {
-                refreshEntity(rec, id) { current($0) }
+                refreshEntity(rec, id)
                 // New to the set: each record is refreshed once, and the
                 // written ones (the set's members so far) are marked done.
                 change.valueChanged.insertNew(id)
@@ -1030,9 +1024,20 @@ final class Store {
     /// it can be (`EntityRecord.beforeNotKept`): then the substitution is
     /// in place, and an author's hundred posts are neither copied nor, at
     /// commit, freed. Otherwise the old value moves into the journal.
-    private func refreshEntity(_ rec: EntityRecord, _ id: String, _ lookup: (String) -> JSON?) {
+    /// An entity's current value during propagation; siblings usually hold
+    /// the same changed child (an author's posts), so the last lookup is
+    /// remembered (a method, not a closure: a closure's context was
+    /// retained and released three times a referrer).
+    private func currentValue(_ id: String) -> JSON? {
+        if id == lastLookupID { return lastLookupValue }
+        lastLookupID = id
+        lastLookupValue = entities[id]?.value
+        return lastLookupValue
+    }
+
+    private func refreshEntity(_ rec: EntityRecord, _ id: String) {
         if touchedInThisMutation(rec) {
-            substituteInPlace(rec, lookup)
+            substituteInPlace(rec)
         } else if childrenBeforeKnown(rec) {
             if beforeCheck != nil {
                 beforeCheck!.ids[ObjectIdentifier(rec)] = id
@@ -1041,11 +1046,11 @@ final class Store {
             rec.journalIndex = Int32(entityJournal.count)
             entityJournal.append((id, nil))
             markMutation(rec, EntityRecord.substituted | EntityRecord.beforeNotKept)
-            substituteInPlace(rec, lookup)
+            substituteInPlace(rec)
             return
         } else {
             rec.journalIndex = Int32(entityJournal.count)
-            var value = tree.substituteNested(rec.value, lookup)
+            var value = tree.substituteNested(rec.value) { currentValue($0) }
             swap(&value, &rec.value)  // `value` is the old one now
             entityJournal.append((id, value))
         }
@@ -1054,13 +1059,13 @@ final class Store {
 
     /// `rec.value`'s nested entities substituted in place (the members are
     /// written where they are when the record holds the only reference).
-    private func substituteInPlace(_ rec: EntityRecord, _ lookup: (String) -> JSON?) {
+    private func substituteInPlace(_ rec: EntityRecord) {
         guard case .object(var o) = rec.value else {
-            rec.value = tree.substituteNested(rec.value, lookup)
+            rec.value = tree.substituteNested(rec.value) { currentValue($0) }
             return
         }
         rec.value = .null
-        tree.substituteMembersInPlace(&o.members, lookup)
+        tree.substituteMembersInPlace(&o.members) { [unowned(unsafe) self] in currentValue($0) }
         rec.value = .object(o)
     }
 
