@@ -113,7 +113,7 @@ extension Engine {
             throw isBatch ? error.prefixed("ops[\(index)]") : error
         }
         seq += 1
-        render(effects: effects, change: &change, net: ops.count == 1, origins: origins, context: options.context)
+        render(effects: effects, change: change, net: ops.count == 1, origins: origins, context: options.context)
         let expired = recordVersions(change, effects: effects, ops: ops, token: options.token)
         recordWrites(token: options.token, expiredTokens: expired)
         store.commit()
@@ -186,11 +186,17 @@ extension Engine {
     /// One mutation's events: plan (which views, what each needs), map
     /// (their bytes, in parallel), enqueue (serial, in PROTOCOL §6's order).
     /// Render+Plan.swift, Render+Map.swift, Render+Enqueue.swift.
-    private func render(effects: [ViewEffect], change: inout StoreChange, net: Bool, origins: Set<ObjectIdentifier>, context: JSON?) {
+    private func render(effects: [ViewEffect], change: StoreChange, net: Bool, origins: Set<ObjectIdentifier>, context: JSON?) {
         var plan = planRender(effects: effects, change: change, net: net)
         // The map step looks entities up in the change set (a document's diff): hashed throughout.
-        if !plan.jobs.isEmpty { change.valueChanged.hashAll() }
-        let results = mapRender(plan, effects: effects, seq: seq, origins: origins, context: context, valueChanged: change.valueChanged)
+        let results: RenderResults
+        if !plan.jobs.isEmpty && change.valueChanged.unhashedCount > 0 {
+            var valueChanged = change.valueChanged
+            valueChanged.hashAll()
+            results = mapRender(plan, effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged)
+        } else {
+            results = mapRender(plan, effects: effects, seq: seq, origins: origins, context: context, valueChanged: change.valueChanged)
+        }
         enqueueRender(plan, results, change: change, seq: seq, origins: origins, context: context)
         results.reset(count: 0)  // what the slots held is queued (or dropped) by now
         plan.jobs.drain()

@@ -103,8 +103,9 @@ extension IDSet: Equatable {
 /// Iteration is in insertion order, as `IDSet`'s.
 struct ChangeSet: Sequence, ExpressibleByArrayLiteral {
     private var members = IDSet()
-    /// Members after `members`'s in insertion order, not hashed yet.
-    private var unhashed: [String] = []
+    /// Members after `members`'s in insertion order, not hashed yet; nil
+    /// (no list: a copy retains nothing) when there are none.
+    private var unhashed: [String]?
 
     init() {}
 
@@ -116,23 +117,23 @@ struct ChangeSet: Sequence, ExpressibleByArrayLiteral {
         for e in elements { insert(e) }
     }
 
-    var count: Int { members.count + unhashed.count }
+    var count: Int { members.count + unhashedCount }
 
     var isEmpty: Bool { members.isEmpty }
 
     @inline(__always)
     func contains(_ e: String) -> Bool {
-        members.contains(e) || (!unhashed.isEmpty && scanUnhashed(e))
+        members.contains(e) || (unhashed != nil && scanUnhashed(e))
     }
 
     private func scanUnhashed(_ e: String) -> Bool {
-        for u in unhashed where sameText(u, e) { return true }
+        for u in unhashed! where sameText(u, e) { return true }
         return false
     }
 
     @discardableResult
     mutating func insert(_ e: String) -> (inserted: Bool, memberAfterInsert: String) {
-        if !unhashed.isEmpty { hashAll() }
+        hashAll()
         return members.insert(e)
     }
 
@@ -140,28 +141,36 @@ struct ChangeSet: Sequence, ExpressibleByArrayLiteral {
     @inline(__always)
     mutating func insertNew(_ e: String) {
         // Checked while the list is short (a long one would make the check quadratic).
-        assert(unhashed.count > 64 || !contains(e), "insertNew of a member")
+        assert(unhashedCount > 64 || !contains(e), "insertNew of a member")
         if members.isEmpty {
             members.insert(e)
+        } else if unhashed == nil {
+            unhashed = [e]
         } else {
-            unhashed.append(e)
+            unhashed!.append(e)
         }
     }
 
     /// Room for `n` more members added by ``insertNew(_:)``.
     mutating func reserveNew(_ n: Int) {
-        unhashed.reserveCapacity(unhashed.count + n)
+        if unhashed == nil { unhashed = [] }
+        unhashed!.reserveCapacity(unhashed!.count + n)
     }
 
     /// Members appended by ``insertNew(_:)`` and not hashed yet.
-    var unhashedCount: Int { unhashed.count }
+    var unhashedCount: Int { unhashed?.count ?? 0 }
 
     /// Hashes the members ``insertNew(_:)`` appended.
+    @inline(__always)
     mutating func hashAll() {
-        guard !unhashed.isEmpty else { return }
-        members.reserveCapacity(members.count + unhashed.count)
-        for u in unhashed { members.insert(u) }
-        unhashed = []
+        if unhashed != nil { hashUnhashed() }
+    }
+
+    private mutating func hashUnhashed() {
+        let list = unhashed!
+        unhashed = nil
+        members.reserveCapacity(members.count + list.count)
+        for u in list { members.insert(u) }
     }
 
     /// The members as an `IDSet`, hashed throughout when `lookups` calls of
@@ -170,7 +179,7 @@ struct ChangeSet: Sequence, ExpressibleByArrayLiteral {
     /// those); nil when scanning costs less.
     @inline(__always)
     func hashed(forLookups lookups: @autoclosure () -> Int) -> IDSet? {
-        guard unhashed.count > 8 && lookups() > 16 else { return nil }
+        guard unhashedCount > 8 && lookups() > 16 else { return nil }
         return hashedCopy()
     }
 
@@ -182,7 +191,7 @@ struct ChangeSet: Sequence, ExpressibleByArrayLiteral {
 
     /// The members as an `IDSet` (hashing the unhashed ones in a copy).
     var asIDSet: IDSet {
-        guard !unhashed.isEmpty else { return members }
+        guard unhashed != nil else { return members }
         var s = self
         s.hashAll()
         return s.members
@@ -212,7 +221,7 @@ struct ChangeSet: Sequence, ExpressibleByArrayLiteral {
     }
 
     func makeIterator() -> Iterator {
-        Iterator(hashed: members.makeIterator(), unhashed: unhashed)
+        Iterator(hashed: members.makeIterator(), unhashed: unhashed ?? [])
     }
 
     var underestimatedCount: Int { count }
