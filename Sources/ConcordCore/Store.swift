@@ -1018,12 +1018,6 @@ final class Store {
         }
     }
 
-    /// The record's nested entities substituted with `lookup`'s values:
-    /// the same nested identities, so the normalized structure stays as it
-    /// is. Journaled at its first touch without a copy of its value when
-    /// it can be (`EntityRecord.beforeNotKept`): then the substitution is
-    /// in place, and an author's hundred posts are neither copied nor, at
-    /// commit, freed. Otherwise the old value moves into the journal.
     /// An entity's current value during propagation; siblings usually hold
     /// the same changed child (an author's posts), so the last lookup is
     /// remembered (a method, not a closure: a closure's context was
@@ -1035,6 +1029,12 @@ final class Store {
         return lastLookupValue
     }
 
+    /// The record's nested entities substituted with their current values:
+    /// the same nested identities, so the normalized structure stays as it
+    /// is. Journaled at its first touch without a copy of its value when
+    /// it can be (`EntityRecord.beforeNotKept`): then the substitution is
+    /// in place, and an author's hundred posts are neither copied nor, at
+    /// commit, freed. Otherwise the old value moves into the journal.
     private func refreshEntity(_ rec: EntityRecord, _ id: String) {
         if touchedInThisMutation(rec) {
             substituteInPlace(rec)
