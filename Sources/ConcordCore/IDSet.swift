@@ -201,11 +201,7 @@ struct ChangeSet: Sequence, ExpressibleByArrayLiteral {
         for e in other { insert(e) }
     }
 
-    func union<S: Sequence<String>>(_ other: S) -> IDSet {
-        var u = asIDSet
-        u.formUnion(other)
-        return u
-    }
+    func union<S: Sequence<String>>(_ other: S) -> IDSet { asIDSet.union(other) }
 
     struct Iterator: IteratorProtocol {
         fileprivate var hashed: IDSet.Iterator
