@@ -697,14 +697,9 @@ extension Engine {
         for id in change.valueChanged {
             if let tq = queriesOf(id) { changed.append((id, tq)) }
         }
-        if let valueChanged = change.valueChanged.hashed(forLookups: change.deleted.count) {
-            for id in change.deleted where !valueChanged.contains(id) {
-                if let tq = queriesOf(id) { changed.append((id, tq)) }
-            }
-        } else {
-            for id in change.deleted where !change.valueChanged.contains(id) {
-                if let tq = queriesOf(id) { changed.append((id, tq)) }
-            }
+        let hashed = change.valueChanged.hashed(forLookups: change.deleted.count)
+        for id in change.deleted where !(hashed?.contains(id) ?? change.valueChanged.contains(id)) {
+            if let tq = queriesOf(id) { changed.append((id, tq)) }
         }
         guard !changed.isEmpty else { return [] }
         // A fixed order (Set order is not): the same input gives the same events.

@@ -190,12 +190,7 @@ struct ChangeSet: Sequence, ExpressibleByArrayLiteral {
     }
 
     /// The members as an `IDSet` (hashing the unhashed ones in a copy).
-    var asIDSet: IDSet {
-        guard unhashed != nil else { return members }
-        var s = self
-        s.hashAll()
-        return s.members
-    }
+    var asIDSet: IDSet { unhashed == nil ? members : hashedCopy() }
 
     mutating func formUnion<S: Sequence<String>>(_ other: S) {
         for e in other { insert(e) }

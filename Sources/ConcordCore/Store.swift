@@ -874,7 +874,6 @@ final class Store {
             lastLookupValue = nil
             lastKnownChild = ""
         }
-        func current(_ id: String) -> JSON? { currentValue(id) }
         func refresh(_ id: String, _ rec: EntityRecord) {
             guard rec.walkState == .pending else { return }
             rec.walkState = .inProgress
@@ -888,7 +887,7 @@ final class Store {
                 // New to the set: each record is refreshed once, and the
                 // written ones (the set's members so far) are marked done.
                 change.valueChanged.insertNew(id)
-            } else if case .kept(let new) = tree.prune(rec.value, deleted: deleted, required: { self.required[$0] }, current: { current($0) }),
+            } else if case .kept(let new) = tree.prune(rec.value, deleted: deleted, required: { self.required[$0] }, current: { self.currentValue($0) }),
                       rec.value != new {
                 // Pruning deletes may drop nested identities: a full write.
                 setEntity(id, new)

@@ -82,14 +82,9 @@ final class Versions {
                 collectionChanged: (String) -> Bool, store: Store) {
         let before = historyIDs.count
         // One hash per name: the old seq comes back from the write.
-        if let valueChanged = change.valueChanged.hashed(forLookups: written.underestimatedCount) {
-            for id in written where valueChanged.contains(id) {
-                if entities.updateValue(seq, forKey: id) != seq { historyIDs.append(id) }
-            }
-        } else {
-            for id in written where change.valueChanged.contains(id) {
-                if entities.updateValue(seq, forKey: id) != seq { historyIDs.append(id) }
-            }
+        let hashed = change.valueChanged.hashed(forLookups: written.underestimatedCount)
+        for id in written where hashed?.contains(id) ?? change.valueChanged.contains(id) {
+            if entities.updateValue(seq, forKey: id) != seq { historyIDs.append(id) }
         }
         for id in change.deleted where entities.updateValue(seq, forKey: id) != seq {
             historyIDs.append(id)
