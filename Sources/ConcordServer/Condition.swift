@@ -44,6 +44,57 @@ final class Condition: @unchecked Sendable {
     }
 }
 
+/// A pthread mutex and a sleep on a futex word, for one thread that sleeps
+/// when it has nothing to do and is woken by the others (the sequencer).
+/// A condition variable made a system call that woke nobody after every
+/// wake-up: glibc's `pthread_cond_wait` takes the mutex back marked
+/// contended, so the sleeper's next unlock called the kernel. Here the
+/// sleeper releases the mutex before it sleeps and takes it back
+/// uncontended, and a waker calls the kernel only when the owner sleeps.
+final class ParkingLock: @unchecked Sendable {
+    // Sendable: the mutex guards `sleeping`; the word is only touched
+    // atomically (CConcordRuntime).
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let word = UnsafeMutablePointer<UInt32>.allocate(capacity: 1)
+    private var sleeping = false
+
+    init() {
+        pthread_mutex_init(mutex, nil)
+        word.initialize(to: 0)
+    }
+
+    deinit {
+        pthread_mutex_destroy(mutex)
+        mutex.deallocate()
+        word.deallocate()
+    }
+
+    func lock() { pthread_mutex_lock(mutex) }
+    func unlock() { pthread_mutex_unlock(mutex) }
+
+    /// Sleeps until ``unpark()`` (or `seconds`, or a spurious wake-up: the
+    /// caller looks again). Call with the lock held; returns with it held.
+    func park(seconds: Double? = nil) {
+        let epoch = concord_park_word(word)
+        sleeping = true
+        unlock()
+        concord_park(word, epoch, seconds.map { Int64($0 * 1e9) } ?? -1)
+        lock()
+        sleeping = false
+    }
+
+    /// Whether the owner sleeps or is going to (then ``unpark()`` after
+    /// unlocking): call with the lock held.
+    func takeSleeper() -> Bool {
+        guard sleeping else { return false }
+        sleeping = false
+        return true
+    }
+
+    /// Wakes the owner (an unpark before it sleeps keeps it awake).
+    func unpark() { concord_unpark(word) }
+}
+
 /// Starts a detached pthread running `body`.
 func startThread(name: String, _ body: @escaping @Sendable () -> Void) {
     final class Box: @unchecked Sendable {

@@ -109,7 +109,7 @@ final class Sequencer: @unchecked Sendable {
     /// stored at every snapshot point (on the snapshot thread) and at a clean stop.
     var clusterLocal: ClusterLocalCopy?
 
-    private let condition = Condition()
+    private let condition = ParkingLock()
     private var inbox: [Input] = []
     private let engine: Engine
     private let pool: WorkerPool
@@ -207,9 +207,9 @@ final class Sequencer: @unchecked Sendable {
     func submit(_ input: Input) {
         condition.lock()
         inbox.append(input)
-        let wasEmpty = inbox.count == 1
+        let wake = condition.takeSleeper()
         condition.unlock()
-        if wasEmpty { condition.signal() }
+        if wake { condition.unpark() }
     }
 
     /// Attaches the cache backend (before `start`): write-behind, read-through.
@@ -268,10 +268,10 @@ final class Sequencer: @unchecked Sendable {
                 // Requests waiting for a `min_seq` (or for the cluster log) time out: look every 50 ms.
                 if (shutdownDeadline != nil && !drainedSent) || (failingSince != nil && (engine.hasWaitingClients || !held.isEmpty))
                     || engine.hasSeqWaiters || engine.hasClusterWaits {
-                    condition.wait(seconds: 0.05)
+                    condition.park(seconds: 0.05)
                     break
                 }
-                condition.wait()
+                condition.park()
             }
             swap(&batch, &inbox)
             condition.unlock()

@@ -74,15 +74,46 @@ extension Server {
         checkOutput(conn)
     }
 
-    /// Starts one vectored write of everything queued.
+    /// Writes everything queued: first straight to the socket
+    /// (`uv_try_write`), then what it did not take as one vectored write
+    /// request. A request that completes at once still costs a callback in
+    /// the loop's next iteration and an `epoll_ctl` (libuv re-arms the
+    /// watcher when its write queue drains); most writes fit the socket's
+    /// buffer and need neither.
     func writeQueued(_ conn: Connection) {
         guard !conn.writing, !conn.queued.isEmpty, !conn.closing else { return }
         conn.beginWrite()
+        let written = Int(uv_try_write(conn.stream, conn.bufs, UInt32(conn.inFlight.count)))
+        if written == conn.inFlightBytes {
+            conn.endWrite()
+            conn.flow.unsent.subtract(written, ordering: .relaxed)
+            metrics.bytesOut.increment(by: written)
+            return
+        }
+        var first = 0
+        if written > 0 {
+            // The socket took part of it: the request writes the rest.
+            conn.flow.unsent.subtract(written, ordering: .relaxed)
+            metrics.bytesOut.increment(by: written)
+            conn.inFlightBytes -= written
+            var skip = written
+            while skip >= conn.bufs[first].len {
+                skip -= conn.bufs[first].len
+                first += 1
+            }
+            conn.bufs[first].base += skip
+            conn.bufs[first].len -= skip
+        } else if written != Int(UV_EAGAIN.rawValue) && written != Int(UV_ENOSYS.rawValue) {
+            conn.flow.unsent.subtract(conn.inFlightBytes, ordering: .relaxed)
+            conn.endWrite()
+            closeConnection(conn, reason: "write failed: \(uvErrorName(written))")
+            return
+        }
         let req = conn.writeRequest
         // The connection is kept until the callback (which libuv calls, with
         // UV_ECANCELED, also when the connection closes first).
         req.pointee.data = Unmanaged.passRetained(conn).toOpaque()
-        let rc = uv_write(req, conn.stream, conn.bufs, UInt32(conn.inFlight.count)) { req, status in
+        let rc = uv_write(req, conn.stream, conn.bufs + first, UInt32(conn.inFlight.count - first)) { req, status in
             let conn = Unmanaged<Connection>.fromOpaque(req!.pointee.data).takeRetainedValue()
             let bytes = conn.inFlightBytes
             conn.endWrite()

@@ -272,6 +272,36 @@ struct FlowControlTests {
         #expect(server.stop() == 0)
     }
 
+    /// The loop writes straight to the socket first and hands what it did
+    /// not take to a write request (Server+Writing.swift): events larger
+    /// than the socket's buffer, to a subscriber that reads nothing until
+    /// all are sent, must arrive whole and in order — each split at another
+    /// place (a wrong offset in the rest would lose or repeat bytes).
+    @Test func outputLargerThanTheSocketBufferArrivesWholeAndInOrder() throws {
+        let server = try ServerProcess(arguments: ["--max-output-bytes", "67108864", "--output-soft-bytes", "33554432"], environment: internalChecks)
+        let sub = try server.connect()
+        try sub.request(#"{"op":"subscribe","sub":"s","key":"k"}"#)
+        let writer = try server.connect()
+        let sizes = [300_000, 70_001, 1_000_003, 5, 250_007, 131_071]
+        func blob(_ i: Int) -> String { String(repeating: Character(Unicode.Scalar(UInt8(97 + i))), count: sizes[i]) }
+        for i in sizes.indices {
+            try writer.send(#"{"op":"update","key":"k","model":{"id":"K","v":\#(i),"blob":"\#(blob(i))"}}"#)
+            #expect(try writer.response()["seq"] == .int(i + 1))
+        }
+        sub.setTimeout(10)
+        for i in sizes.indices {
+            let e = try #require(try sub.readJSON(), "event \(i) did not arrive")
+            #expect(e["model"]?["v"] == .int(i))
+            let text = e["model"]?["blob"]?.stringValue
+            #expect(text?.utf8.count == sizes[i])
+            // Not the strings themselves: a failure would print megabytes.
+            let same = text == blob(i)
+            #expect(same, "event \(i)'s blob differs from the one written")
+        }
+        #expect(try sub.request(#"{"op":"ping"}"#)["ok"] == true)
+        #expect(server.stop() == 0)
+    }
+
     @Test func aSubscriberThatStopsReadingIsCoalescedThenCatchesUp() throws {
         let server = try ServerProcess(arguments: ["--max-output-bytes", "65536", "--output-soft-bytes", "16384"], environment: internalChecks)
         let slow = try server.connect()
