@@ -56,6 +56,12 @@ struct Holders<Value>: Sequence {
         rest.forEachEntry(body)
     }
 
+    /// The first word of each holder's value past the first, read in place
+    /// (``IDTable/forEachFirstWord(_:)``): for the referrer index, the
+    /// holding records' addresses, to prefetch.
+    @inline(__always)
+    func forEachFirstWordPastTheFirst(_ body: (UInt) -> Void) { rest.forEachFirstWord(body) }
+
     struct Iterator: IteratorProtocol {
         fileprivate var first: (key: String, value: Value)?
         fileprivate var rest: IDTable<Value>.Iterator

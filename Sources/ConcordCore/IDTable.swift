@@ -258,6 +258,17 @@ struct IDTable<Value> {
         for i in 0..<s.count { body(s.keys[i], s.values[i]) }
     }
 
+    /// Calls `body` with the first machine word of each value, in iteration
+    /// order, read from the table's memory: no copy, no retain. For a value
+    /// whose first stored property is a class reference (`Store.Holding`),
+    /// that word is the object's address — for a prefetch, which must not
+    /// touch the object (a retain writes to it, and waits for its line).
+    @inline(__always)
+    func forEachFirstWord(_ body: (UInt) -> Void) {
+        guard let s = storage, MemoryLayout<Value>.size >= MemoryLayout<UInt>.size else { return }
+        for i in 0..<s.count { body(UnsafeRawPointer(s.values + i).load(as: UInt.self)) }
+    }
+
     subscript(key: String) -> Value? {
         get { storage?.value(key) }
         set {

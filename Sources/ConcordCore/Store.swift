@@ -1,3 +1,4 @@
+import CConcordPrefetch
 import ConcordJSON
 import ConcordProtocol
 
@@ -64,6 +65,41 @@ final class EntityRecord {
     init(value: JSON, children: Children) {
         self.value = value
         self.children = children
+    }
+}
+
+extension EntityRecord {
+    /// Where `value` lies in the object: after the 16-byte object header,
+    /// the first stored property (checked by `StoreTests.aRecordsValueIsWhereThePrefetchLooks`).
+    static let valueOffset = 16
+
+    /// Asks for the lines of the record at `address` (80 bytes: two lines
+    /// where it straddles one) without touching it: no retain, no read.
+    @inline(__always) static func prefetchRecord(at address: UInt) {
+        guard let p = UnsafeRawPointer(bitPattern: address) else { return }
+        concord_prefetch(p)
+        concord_prefetch(p + 64)
+    }
+
+    /// The address of the value's member list when the value is an object
+    /// (an object's payload is its `[Member]`: one pointer, in the value's
+    /// first word), read as a word: no retain, nothing else read. Another
+    /// kind of value gives a word that is not a list's address; the
+    /// prefetch below is a hint, and a hint at any address is harmless.
+    @inline(__always) static func valueStorageWord(ofRecordAt address: UInt) -> UInt {
+        UnsafeRawPointer(bitPattern: address)!.load(fromByteOffset: valueOffset, as: UInt.self)
+    }
+
+    /// Asks for the first three lines of the member list of the record at
+    /// `address` (a post's four members and the list's header): the
+    /// record's own lines must be in cache already, or this read waits for them.
+    @inline(__always) static func prefetchValue(ofRecordAt address: UInt) {
+        let w = valueStorageWord(ofRecordAt: address)
+        // Only what looks like a heap address (user space, word-aligned).
+        guard w & 7 == 0, w > 4096, w < (1 << 47), let p = UnsafeRawPointer(bitPattern: w) else { return }
+        concord_prefetch(p)
+        concord_prefetch(p + 64)
+        concord_prefetch(p + 128)
     }
 }
 
@@ -775,6 +811,10 @@ final class Store {
 
     /// Re-materializes every entity and document that holds a changed one,
     /// children before parents, and records what changed.
+    /// Where a `(id: String, record: EntityRecord)` entry of propagation's
+    /// list keeps its record (checked by `PrefetchLayoutTests`).
+    static let refreshEntryRecordOffset = MemoryLayout<String>.stride
+
     private func propagate(
         from changed: [(String, EntityRecord?)],
         skipping written: EntityMap,
@@ -837,6 +877,11 @@ final class Store {
                     for (w, _) in written { entities[w]?.mark(generation, .done) }
                 }
                 if isRefreshed { chained = true }
+                // The holders' records are scattered over the heap: ask for
+                // all of them before the walk below reads each.
+                // (Read as words: a `Holding`'s first word is its record's
+                // address. A retain would write to each record, and wait for it.)
+                holders.forEachFirstWordPastTheFirst { EntityRecord.prefetchRecord(at: $0) }
                 holders.forEach { r, h in
                     let rec = h.record
                     guard rec.walkGeneration != generation else { return }
@@ -895,7 +940,22 @@ final class Store {
             }
             rec.walkState = .done
         }
-        for (id, rec) in toRefresh { refresh(id, rec) }
+        // Each refresh reads its record's member list: the ones a few
+        // records ahead are asked for while this one is refreshed.
+        // (The record's address is read from the list as a word: copying
+        // the entry out would retain the record and its identity.)
+        let ahead = 4
+        let n = toRefresh.count
+        let recordOffset = Self.refreshEntryRecordOffset
+        var i = 0
+        for (id, rec) in toRefresh {
+            if i + ahead < n {
+                let word = toRefresh.withUnsafeBufferPointer { UnsafeRawPointer($0.baseAddress! + i + ahead).load(fromByteOffset: recordOffset, as: UInt.self) }
+                EntityRecord.prefetchValue(ofRecordAt: word)
+            }
+            refresh(id, rec)
+            i += 1
+        }
         if !deleted.isEmpty { removeFromCollections(deleted) }
         refreshInCollections(change.valueChanged)
         refreshHolders(docs, except: rewrittenDocument, deleted: deleted, into: &change)
