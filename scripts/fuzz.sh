@@ -12,7 +12,7 @@ SECONDS_EACH=${FUZZ_SECONDS:-60}
 # (the runtime's interactive backtracer would hold the process).
 export SWIFT_BACKTRACE=enable=no
 mkdir -p "$OUT/artifacts"
-FLAGS=(-sanitize=fuzzer,address -parse-as-library -O -g -I "$OUT" -L "$OUT")
+FLAGS=(-sanitize=fuzzer,address -parse-as-library -O -g -I "$OUT" -L "$OUT" -I Sources/CConcordPrefetch/include)
 
 # The linker warns once per ASan helper it cannot export; nothing to act on.
 quiet() { "$@" 2>&1 | { grep -v "Cannot export local symbol" || true; }; }

@@ -27,7 +27,7 @@ struct LoadOptions: ParsableCommand {
             Commands, with the options each reads [and their defaults]:
               codec        parse/encode MB/s of ConcordJSON [-n 200000]
               core         the engine alone on one thread, no sockets: µs per
-                           update [-n 200000 --subs 1 --kind key|model|none|rename|posts|range|pages|views]
+                           update [-n 200000 --subs 1 --kind key|model|none|rename|posts|range|pages|windows|views]
                            (views: jemalloc bytes per query view and member; with
                            VIEWS_EMPTY=1 the views match nothing: a view's own cost)
               pipeline     pipelined updates/s on one connection [-n 200000]
@@ -343,7 +343,7 @@ case "core":
                      built, Double(after - before) / 1000, Double(after - before) / 100_000, before, after))
         break
     }
-    if kind == "posts" || kind == "range" || kind == "pages" {
+    if kind == "posts" || kind == "range" || kind == "pages" || kind == "windows" {
         let pages = options.subs ?? 50
         // concord-bench's live-query writes with no query (its "0 subs" row):
         // 100,000 posts by 1,000 authors; 5 in 10 updates merge a new date,
@@ -357,6 +357,14 @@ case "core":
             engine.open(1)
             for v in 0..<1000 {
                 engine.handleLine(Array(#"{"op":"subscribe","sub":"q\#(v)","query":{"type":"Post","where":{"all":[{"path":"date","gte":\#(v * 100)},{"path":"date","lt":\#((v + 1) * 100)}]},"order":[{"path":"date","desc":true}],"limit":20}}"#.utf8), from: 1)
+            }
+        }
+        if kind == "windows" {
+            // concord-bench's "1k subs" live-query row: 1,000 per-author
+            // windows of 20 (newest first), one subscriber each.
+            engine.open(1)
+            for a in 0..<1000 {
+                engine.handleLine(Array(#"{"op":"subscribe","sub":"q\#(a)","query":{"type":"Post","where":{"path":"author.id","eq":"Person:\#(a)"},"order":[{"path":"date","desc":true}],"limit":20}}"#.utf8), from: 1)
             }
         }
         if kind == "pages" {
@@ -397,7 +405,7 @@ case "core":
         let t = now()
         measuredLoop(engine, lines)
         let s = now() - t
-        let what = kind == "range" ? "1,000 range views" : (kind == "pages" ? "\(pages) pages of one list" : "no query")
+        let what = kind == "range" ? "1,000 range views" : (kind == "pages" ? "\(pages) pages of one list" : (kind == "windows" ? "1,000 per-author windows" : "no query"))
         print(String(format: "core: %d updates of the live-query mix, %@: %.2f µs per update", n, what, s / Double(n) * 1e6))
         break
     }

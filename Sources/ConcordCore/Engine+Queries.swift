@@ -708,6 +708,14 @@ extension Engine {
         let current: (String) -> JSON? = { self.store.entity($0) }
         var candidates: [Membership] = []
         let ids = queries.identities
+        // Per indexed path of the type (in `tq.paths`' order), the last new
+        // value seen and its filing key: an author's hundred posts hold one
+        // author, so its key is made once, not per post. Equal values (JSON
+        // `==`) file under one key, so the key of an equal value is reused.
+        var keyCacheOwner: ObjectIdentifier?
+        var keyCache: [(x: JSON, key: String)?] = []
+        // This entity's new filing key per indexed path, for the candidates.
+        var newKeys: [(pk: String, key: String?)] = []
         for (id, tq) in changed {
             // Its handle is the store's, or the listing's when the store
             // no longer holds it (deleted): one lookup for both.
@@ -724,9 +732,32 @@ extension Engine {
                 guard before == .null else { continue }
                 listEntity(h, tq)
             }
+            if keyCacheOwner != ObjectIdentifier(tq) {
+                keyCacheOwner = ObjectIdentifier(tq)
+                keyCache.removeAll(keepingCapacity: true)
+                for _ in 0 ..< tq.paths.count { keyCache.append(nil) }
+            }
+            newKeys.removeAll(keepingCapacity: true)
+            var p = 0
             for (pk, entry) in tq.paths {
-                let newKey = value.flatMap { QueryEval.value($0, entry.path) }.map(QueryEval.filingKey)
-                let oldKey = before == .null ? nil : QueryEval.value(before, entry.path).map(QueryEval.filingKey)
+                let newX = value.flatMap { QueryEval.value($0, entry.path) }
+                var newKey: String?
+                if let newX {
+                    if let c = keyCache[p], c.x == newX {
+                        newKey = c.key
+                    } else {
+                        let k = QueryEval.filingKey(newX)
+                        keyCache[p] = (newX, k)
+                        newKey = k
+                    }
+                }
+                newKeys.append((pk, newKey))
+                p += 1
+                // The same value at the path (an author renamed: its posts'
+                // `author.id` stays): filed where it was.
+                let oldX = before == .null ? nil : QueryEval.value(before, entry.path)
+                if oldX == newX { continue }
+                let oldKey = oldX.map(QueryEval.filingKey)
                 if oldKey != newKey {
                     if let oldKey { tq.entitiesByValue[pk]?[oldKey]?.remove(h) }
                     if let newKey { tq.entitiesByValue[pk]?[newKey, default: []].insert(h) }
@@ -751,9 +782,9 @@ extension Engine {
                 view.visitStamp = stamp
                 candidates.append(Membership(view: view, node: -1))
             }
-            if let value {
-                for (pk, entry) in tq.paths {
-                    guard let x = QueryEval.value(value, entry.path), let filed = tq.byValue[pk]?[QueryEval.filingKey(x)] else { continue }
+            if value != nil {
+                for (pk, key) in newKeys {
+                    guard let key, let filed = tq.byValue[pk]?[key] else { continue }
                     for f in filed { consider(f.view) }
                 }
             }
