@@ -716,20 +716,41 @@ extension Engine {
         var keyCache: [(x: JSON, key: String)?] = []
         // This entity's new filing key per indexed path, for the candidates.
         var newKeys: [(pk: String, key: String?)] = []
+        var beforeReader = Store.BeforeReader(store)
         for (id, tq) in changed {
             // Its handle is the store's, or the listing's when the store
             // no longer holds it (deleted): one lookup for both.
             let known = ids.find(id)
-            let value = known.flatMap { ids.record($0)?.value }
+            let rec = known.flatMap { ids.record($0) }
+            let value = rec?.value
+            // Its value from before: read through the reader, not built,
+            // for a record refreshed in place (an author's renamed posts).
+            let inPlace = rec.map(beforeReader.refreshedInPlace) ?? false
+            var builtBefore: JSON? = inPlace ? nil : store.valueBeforeMutation(id)
+            func before() -> JSON {
+                if let b = builtBefore { return b }
+                let b = store.valueBeforeMutation(id)
+                builtBefore = b
+                return b
+            }
             // Written back to what it was (within a batch): nothing to do.
-            let before = store.valueBeforeMutation(id)
-            if before == (value ?? .null) { continue }
+            let unchanged = inPlace ? beforeReader.isUnchanged(rec!) : builtBefore! == (value ?? .null)
+            if inPlace && configuration.internalChecks {
+                // The reader against the value it stands for.
+                precondition(unchanged == (before() == (value ?? .null)), "internal check: the reader's unchanged for '\(id)' is not the value from before's")
+                for (_, entry) in tq.paths {
+                    precondition(beforeReader.value(of: rec!, at: entry.path) == QueryEval.value(before(), entry.path),
+                                 "internal check: the reader's value at a path of '\(id)' is not the value from before's")
+                }
+            }
+            if unchanged { continue }
             // The type's entity list (its handle) and value indexes.
             guard let h = known else { continue }  // deleted, and not listed: the internal checks say so
             if !ids.isListed(h) {
                 // Created by this mutation (else: not listed although it
-                // was in memory, which the internal checks report).
-                guard before == .null else { continue }
+                // was in memory, which the internal checks report). A
+                // record refreshed in place had a value before.
+                guard !inPlace, builtBefore! == .null else { continue }
                 listEntity(h, tq)
             }
             if keyCacheOwner != ObjectIdentifier(tq) {
@@ -755,7 +776,8 @@ extension Engine {
                 p += 1
                 // The same value at the path (an author renamed: its posts'
                 // `author.id` stays): filed where it was.
-                let oldX = before == .null ? nil : QueryEval.value(before, entry.path)
+                let oldX = inPlace ? beforeReader.value(of: rec!, at: entry.path)
+                    : (builtBefore! == .null ? nil : QueryEval.value(builtBefore!, entry.path))
                 if oldX == newX { continue }
                 let oldKey = oldX.map(QueryEval.filingKey)
                 if oldKey != newKey {
@@ -763,8 +785,11 @@ extension Engine {
                     if let newKey { tq.entitiesByValue[pk]?[newKey, default: []].insert(h) }
                 }
             }
-            for index in tq.entitiesByRange.values {
-                queries.rangeIndexEntries += index.move(h, from: before == .null ? nil : before, to: value)
+            if !tq.entitiesByRange.isEmpty {
+                let b = before()
+                for index in tq.entitiesByRange.values {
+                    queries.rangeIndexEntries += index.move(h, from: b == .null ? nil : b, to: value)
+                }
             }
             // Candidates: where it is (with its nodes), where its new value
             // may put it, and the unindexed; each view once (its stamp).

@@ -337,6 +337,80 @@ final class Store {
         return before
     }
 
+    /// Live queries read two things of a changed entity's value from before
+    /// the mutation: whether it is the current value, and the value at a
+    /// path. For a record refreshed in place (`beforeNotKept`: its own
+    /// members as they were, its nested entities changed) a `BeforeReader`
+    /// answers both without building that value — `reconstructedBefore`
+    /// copied the record's members with each nested entity's value from
+    /// before, for each of an author's hundred posts. One reader per
+    /// pass over a mutation's changes: it keeps the last nested entity's
+    /// value from before (siblings share their child).
+    struct BeforeReader {
+        unowned(unsafe) let store: Store
+        private var lastChild = ""
+        private var lastChildBefore: JSON = .null
+        private var lastChildUnchanged = false
+
+        init(_ store: Store) { self.store = store }
+
+        /// Whether `rec` was refreshed in place in this mutation (then the
+        /// two methods below apply).
+        func refreshedInPlace(_ rec: EntityRecord) -> Bool {
+            store.touchedInThisMutation(rec) && rec.mutationMark & EntityRecord.beforeNotKept != 0
+        }
+
+        /// The value from before of a nested entity (`.null`: it had none,
+        /// and the record keeps its current value there).
+        private mutating func childBefore(_ c: String) -> JSON {
+            if c != lastChild {
+                lastChild = c
+                lastChildBefore = store.valueBeforeMutation(c)
+                lastChildUnchanged = lastChildBefore == .null || lastChildBefore == (store.entities[c]?.value ?? .null)
+            }
+            return lastChildBefore
+        }
+
+        /// Whether the value from before of a record refreshed in place is
+        /// its current value: `reconstructedBefore` substitutes each nested
+        /// entity's value from before and nothing else, and the record holds
+        /// each one's current value, so the two are equal exactly when every
+        /// nested entity's are.
+        mutating func isUnchanged(_ rec: EntityRecord) -> Bool {
+            for c in rec.children.keys {
+                _ = childBefore(c)
+                if !lastChildUnchanged { return false }
+            }
+            return true
+        }
+
+        /// `QueryEval.value(valueBeforeMutation(rec), path)` of a record
+        /// refreshed in place: the walk reads the current value, and the
+        /// first entity it meets on the way (a nested one: not the record)
+        /// is read as it was before; a container it ends at has its nested
+        /// entities read so.
+        mutating func value(of rec: EntityRecord, at path: QueryPath) -> JSON? {
+            var cur = rec.value
+            var substituted = false
+            for name in path {
+                guard case .object(let o) = cur, let next = o[name] else { return nil }
+                cur = next
+                if !substituted, case .object(let e) = cur, let c = e.identity(idKey: store.tree.idKey) {
+                    let b = childBefore(c)
+                    if b != .null { cur = b }
+                    substituted = true
+                }
+            }
+            if !substituted && cur.isContainer {
+                cur = store.tree.substituteNested(cur) { c in
+                    let b = self.store.valueBeforeMutation(c)
+                    return b == .null ? nil : b
+                }
+            }
+            return cur
+        }
+    }
+
     /// Keeps the value before the mutation of a record refreshed in place,
     /// before the record itself changes (written, removed, rolled back).
     private func keepBefore(_ rec: EntityRecord) {
@@ -1025,7 +1099,7 @@ final class Store {
     /// the journal: a resident record is journaled before it is marked, and
     /// a record replaced within the mutation was journaled by identity first).
     @inline(__always)
-    private func touchedInThisMutation(_ rec: EntityRecord) -> Bool {
+    fileprivate func touchedInThisMutation(_ rec: EntityRecord) -> Bool {
         rec.mutationMark >> EntityRecord.markBits == mutationGeneration
     }
 
