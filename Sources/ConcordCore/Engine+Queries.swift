@@ -713,9 +713,11 @@ extension Engine {
         // author, so its key is made once, not per post. Equal values (JSON
         // `==`) file under one key, so the key of an equal value is reused.
         var keyCacheOwner: ObjectIdentifier?
-        var keyCache: [(x: JSON, key: String)?] = []
+        // With it, the views filed under that key (`byValue` does not
+        // change while the views take the entities).
+        var keyCache: [(x: JSON, key: String, filed: [TypeQueries.Filed]??)?] = []
         // This entity's new filing key per indexed path, for the candidates.
-        var newKeys: [(pk: String, key: String?)] = []
+        var newKeys: [(pk: String, key: String?, slot: Int)] = []
         var beforeReader = Store.BeforeReader(store)
         for (id, tq) in changed {
             // Its handle is the store's, or the listing's when the store
@@ -755,10 +757,10 @@ extension Engine {
             }
             if keyCacheOwner != ObjectIdentifier(tq) {
                 keyCacheOwner = ObjectIdentifier(tq)
-                keyCache.removeAll(keepingCapacity: true)
+                keyCache.drain()
                 for _ in 0 ..< tq.paths.count { keyCache.append(nil) }
             }
-            newKeys.removeAll(keepingCapacity: true)
+            newKeys.drain()
             var p = 0
             for (pk, entry) in tq.paths {
                 let newX = value.flatMap { QueryEval.value($0, entry.path) }
@@ -768,11 +770,11 @@ extension Engine {
                         newKey = c.key
                     } else {
                         let k = QueryEval.filingKey(newX)
-                        keyCache[p] = (newX, k)
+                        keyCache[p] = (newX, k, nil)
                         newKey = k
                     }
                 }
-                newKeys.append((pk, newKey))
+                newKeys.append((pk, newKey, p))
                 p += 1
                 // The same value at the path (an author renamed: its posts'
                 // `author.id` stays): filed where it was.
@@ -796,7 +798,7 @@ extension Engine {
             // Dropped views are skipped (they are being unfiled).
             queries.stamp &+= 1
             let stamp = queries.stamp
-            candidates.removeAll(keepingCapacity: true)
+            candidates.drain()
             queries.memberOf.forEach(h) { m in
                 guard !m.view.retired else { return }
                 m.view.visitStamp = stamp
@@ -808,8 +810,16 @@ extension Engine {
                 candidates.append(Membership(view: view, node: -1))
             }
             if value != nil {
-                for (pk, key) in newKeys {
-                    guard let key, let filed = tq.byValue[pk]?[key] else { continue }
+                for (pk, key, slot) in newKeys {
+                    guard let key else { continue }
+                    let filed: [TypeQueries.Filed]?
+                    if let known = keyCache[slot]!.filed {
+                        filed = known
+                    } else {
+                        filed = tq.byValue[pk]?[key]
+                        keyCache[slot]!.filed = .some(filed)
+                    }
+                    guard let filed else { continue }
                     for f in filed { consider(f.view) }
                 }
             }

@@ -99,12 +99,25 @@ enum QueryEval {
     /// materialized in the stored value); nil when a member is missing or a
     /// step is not an object.
     static func value(_ v: JSON, _ path: QueryPath) -> JSON? {
-        var cur = v
-        for name in path {
-            guard case .object(let o) = cur, let next = o[name] else { return nil }
-            cur = next
+        // Read in place, one step per member, and only the value found is
+        // copied out: a walk that kept the current value in a variable
+        // copied (and destroyed) every value on the way (~170 instructions
+        // for `author.id`; the views' conditions and sort keys read a path
+        // per candidate view of each changed entity).
+        path.withUnsafeBufferPointer { names in
+            names.isEmpty ? v : member(of: v, names, 0)
         }
-        return cur
+    }
+
+    private static func member(of v: JSON, _ names: UnsafeBufferPointer<String>, _ i: Int) -> JSON? {
+        guard case .object(let o) = v else { return nil }
+        return o.members.withUnsafeBufferPointer { ms in
+            let name = names[i]
+            for j in ms.indices where sameText(ms[j].key, name) {
+                return i + 1 == names.count ? ms[j].value : member(of: ms[j].value, names, i + 1)
+            }
+            return nil
+        }
     }
 
     /// Strings by code point: UTF-8 byte order is code point order.

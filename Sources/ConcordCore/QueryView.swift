@@ -29,6 +29,9 @@ final class QueryView {
     let identities: Identities
     /// The condition, prepared (hash sets for `in` lists).
     let condition: CompiledCondition?
+    /// The path of a one-key order, kept apart: reading it from `spec` per
+    /// changed entity copied the order's list and the path (~250 instructions).
+    private let soleOrderPath: QueryPath?
     /// Its definition holds many values (``PreparedQuery/isLarge``).
     let large: Bool
     /// The windows over it (at least one while it is live), in no order;
@@ -93,6 +96,7 @@ final class QueryView {
         self.condition = condition
         self.large = large
         let order = spec.order
+        soleOrderPath = order.count == 1 ? order[0].path : nil
         tree = OrderTree(vacant: Placed(sort: SortKey(), slot: -1)) { [unowned identities] a, b in
             for i in order.indices {
                 var c = SortValue.compare(a.values.sort[i], b.values.sort[i])
@@ -121,19 +125,17 @@ final class QueryView {
     var held: Int { tree.count * weight }
 
     func matches(_ value: JSON) -> Bool {
-        guard let condition else { return true }
-        return condition.matches(value)
+        condition?.matches(value) ?? true
     }
 
     func sortValues(_ value: JSON) -> SortKey {
-        switch spec.order.count {
-        case 0: return SortKey()
-        case 1:
+        if let path = soleOrderPath {
             var k = SortKey()
-            k.packed = SortValue(QueryEval.value(value, spec.order[0].path))
+            k.packed = SortValue(QueryEval.value(value, path))
             return k
-        default: return SortKey(spec.order.map { SortValue(QueryEval.value(value, $0.path)) })
         }
+        if spec.order.isEmpty { return SortKey() }
+        return SortKey(spec.order.map { SortValue(QueryEval.value(value, $0.path)) })
     }
 
     /// Files an entity without producing changes (building the view):
