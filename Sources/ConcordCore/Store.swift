@@ -70,7 +70,7 @@ final class EntityRecord {
 
 extension EntityRecord {
     /// Where `value` lies in the object: after the 16-byte object header,
-    /// the first stored property (checked by `StoreTests.aRecordsValueIsWhereThePrefetchLooks`).
+    /// the first stored property (checked by `PrefetchLayoutTests.aRecordsValueIsWhereThePrefetchLooks`).
     static let valueOffset = 16
 
     /// Asks for the lines of the record at `address` (80 bytes: two lines

@@ -103,7 +103,7 @@ extension Server {
             }
             conn.bufs[first].base += skip
             conn.bufs[first].len -= skip
-        } else if written != Int(UV_EAGAIN.rawValue) && written != Int(UV_ENOSYS.rawValue) {
+        } else if written != Int(UV_EAGAIN.rawValue) {
             conn.flow.unsent.subtract(conn.inFlightBytes, ordering: .relaxed)
             conn.endWrite()
             closeConnection(conn, reason: "write failed: \(uvErrorName(written))")
