@@ -71,4 +71,36 @@ enum ByteScan {
         }
         return end
     }
+
+    /// Where the object or array opening at `from` ends (the index after
+    /// its closing bracket) and how many levels it nests (1 for one with no
+    /// container inside), when that is before `limit`; nil otherwise. Only
+    /// brackets and strings are followed: the bytes are not checked, so a
+    /// caller uses the answer only to find bytes it knows to be a value.
+    @inline(__always) @usableFromInline
+    static func containerEnd(_ base: UnsafePointer<UInt8>, from: Int, limit: Int) -> (end: Int, height: Int)? {
+        var i = from, depth = 0, height = 0
+        while i < limit {
+            let c = base[i]
+            if c == 0x22 {
+                i &+= 1
+                while true {
+                    i = skipUnescaped(base, from: i, end: limit)
+                    guard i < limit else { return nil }
+                    if base[i] == 0x22 { break }
+                    // A backslash takes the next byte with it; a control
+                    // byte is passed over (the parse refuses it).
+                    i &+= base[i] == 0x5C ? 2 : 1
+                }
+            } else if c == 0x7B || c == 0x5B {
+                depth &+= 1
+                if depth > height { height = depth }
+            } else if c == 0x7D || c == 0x5D {
+                depth &-= 1
+                if depth == 0 { return (i &+ 1, height) }
+            }
+            i &+= 1
+        }
+        return nil
+    }
 }

@@ -93,9 +93,13 @@ struct ParserState {
     var memberStack = MoveStack<JSONObject.Member>()
     var itemStack = MoveStack<JSON>()
     /// The thread's table of short strings (the tree parser's; the tape builds none).
+    /// The tables are not retained: the thread's scratch holds them, and
+    /// outlives every parse on the thread.
     let shortStrings: ShortStrings?
     /// The thread's table of longer strings (the tree parser's).
-    let longStrings: LongStrings?
+    unowned(unsafe) let longStrings: LongStrings?
+    /// The thread's table of small nested objects and arrays (the tree parser's).
+    unowned(unsafe) let containers: SmallContainers?
     /// How often the text differed from what `JSONWriter` writes for the
     /// tree (whitespace skipped, an escaped string, a repeated name).
     var irregular = 0
@@ -109,6 +113,7 @@ struct ParserState {
         self.maxDepth = maxDepth
         self.shortStrings = nil
         self.longStrings = nil
+        self.containers = nil
     }
 
     /// A state using `scratch`'s stacks and table until `giveBack(to:)`.
@@ -117,6 +122,7 @@ struct ParserState {
         self.maxDepth = maxDepth
         self.shortStrings = scratch.table
         self.longStrings = scratch.longTable
+        self.containers = scratch.containers
         swap(&memberStack, &scratch.memberStack)
         swap(&itemStack, &scratch.itemStack)
     }
@@ -196,6 +202,12 @@ struct ParserState {
 
     mutating func parseObject(depth: Int) throws(JSONParseError) -> JSON {
         if depth > maxDepth { throw error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
+        let open = pos
+        var known = SmallContainers.Probe()
+        if depth >= 3, let containers {
+            if let v = reuse(containers, depth: depth, &known) { return v }
+        }
+        let irregularBefore = irregular
         pos += 1  // {
         skipWhitespace()
         if pos < buf.count && buf[pos] == UInt8(ascii: "}") {
@@ -261,7 +273,11 @@ struct ParserState {
             members = Self.dedupe(members)
             if members.count != n { irregular &+= 1 }
         }
-        return .object(JSONObject(members))
+        let v = JSON.object(JSONObject(members))
+        if known.count == pos - open, let containers {
+            containers.keep(v, buf.baseAddress! + open, known, irregular: irregular &- irregularBefore)
+        }
+        return v
     }
 
     static func dedupe(_ members: [JSONObject.Member]) -> [JSONObject.Member] {
@@ -279,8 +295,29 @@ struct ParserState {
         return out
     }
 
+    /// A small nested container's tree from the thread's table, when it
+    /// holds one parsed from the same bytes and the bytes nest no deeper
+    /// than the parse allows here; `pos` is then past them. Otherwise nil,
+    /// and `probe` says what to keep the parsed value under (its count is
+    /// 0 when the bytes are not a container the table takes).
+    @inline(__always)
+    mutating func reuse(_ containers: SmallContainers, depth: Int, _ probe: inout SmallContainers.Probe) -> JSON? {
+        guard let (end, height) = ByteScan.containerEnd(buf.baseAddress!, from: pos, limit: min(buf.count, pos &+ SmallContainers.maxCount)),
+              end &- pos >= SmallContainers.minCount, depth &+ height &- 1 <= maxDepth else { return nil }
+        guard let (v, irregularity) = containers.find(buf.baseAddress! + pos, count: end &- pos, &probe) else { return nil }
+        irregular &+= irregularity
+        pos = end
+        return v
+    }
+
     mutating func parseArray(depth: Int) throws(JSONParseError) -> JSON {
         if depth > maxDepth { throw error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
+        let open = pos
+        var known = SmallContainers.Probe()
+        if depth >= 3, let containers {
+            if let v = reuse(containers, depth: depth, &known) { return v }
+        }
+        let irregularBefore = irregular
         pos += 1  // [
         skipWhitespace()
         if pos < buf.count && buf[pos] == UInt8(ascii: "]") {
@@ -300,8 +337,11 @@ struct ParserState {
             pos -= 1
             throw error("expected ',' or ']' in an array")
         }
-        let items = itemStack.pop(from: base)
-        return .array(items)
+        let v = JSON.array(itemStack.pop(from: base))
+        if known.count == pos - open, let containers {
+            containers.keep(v, buf.baseAddress! + open, known, irregular: irregular &- irregularBefore)
+        }
+        return v
     }
 
     mutating func parseNumber() throws(JSONParseError) -> JSONNumber {
@@ -548,6 +588,13 @@ struct MoveStack<Element> {
         out.reserveCapacity(n)
         for i in 0..<n { out.append((from + i).move()) }
         return out
+    }
+
+    /// Destroys the elements from `start` up, keeping the memory.
+    mutating func drop(from start: Int) {
+        guard let base, count > start else { return }
+        (base + start).deinitialize(count: count - start)
+        count = start
     }
 
     /// Destroys the elements, keeping the memory.

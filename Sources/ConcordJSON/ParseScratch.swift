@@ -25,10 +25,12 @@ final class ParseScratch {
     var itemStack = MoveStack<JSON>()
     let table: ShortStrings
     let longTable: LongStrings
+    let containers: SmallContainers
 
     init() {
         table = ShortStrings()
         longTable = LongStrings()
+        containers = SmallContainers()
     }
 
     deinit {
@@ -36,6 +38,7 @@ final class ParseScratch {
         itemStack.release()
         table.free()
         longTable.free()
+        containers.free()
     }
 
     private static let key: pthread_key_t = {
@@ -156,6 +159,23 @@ struct ShortStrings {
 }
 
 
+/// Eight bytes at a time from `raw[0..<count]` (8 ≤ `count`), the last
+/// eight overlapping: the hash of the scratch's tables of longer strings
+/// and of small containers.
+@inline(__always)
+func hashBytes(_ raw: UnsafeRawPointer, count: Int) -> UInt64 {
+    var h = UInt64(truncatingIfNeeded: count) &* 0x9E37_79B9_7F4A_7C15
+    var i = 0
+    while i &+ 8 <= count {
+        h = (h ^ UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: i, as: UInt64.self))) &* 0xC2B2_AE3D_27D4_EB4F
+        h ^= h &>> 29
+        i &+= 8
+    }
+    h = (h ^ UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: count &- 8, as: UInt64.self))) &* 0xFF51_AFD7_ED55_8CCD
+    h ^= h &>> 32
+    return h
+}
+
 /// The scratch's table of the longer strings (ASCII of 16 to ``maxCount``
 /// bytes; other UTF-8 of 8 to ``maxCount``) it built recently, so that a value sent again — a title, a URL, a body
 /// that an update repeats unchanged — is handed back as the same string:
@@ -224,16 +244,7 @@ final class LongStrings {
     @inline(__always)
     private func text(_ base: UnsafePointer<UInt8>, count: Int, ascii: Bool) -> String? {
         let raw = UnsafeRawPointer(base)
-        var h = UInt64(truncatingIfNeeded: count) &* 0x9E37_79B9_7F4A_7C15
-        var i = 0
-        while i &+ 8 <= count {
-            h = (h ^ UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: i, as: UInt64.self))) &* 0xC2B2_AE3D_27D4_EB4F
-            h ^= h &>> 29
-            i &+= 8
-        }
-        // The last eight bytes (they overlap the words above unless the count is a multiple of eight).
-        h = (h ^ UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: count &- 8, as: UInt64.self))) &* 0xFF51_AFD7_ED55_8CCD
-        h ^= h &>> 32
+        let h = hashBytes(raw, count: count)
         let slot = Int(truncatingIfNeeded: h &>> 56)
         let kept = bytes + slot &* Self.maxCount
         if hashes[slot] == h && counts[slot] == count && Self.same(UnsafeRawPointer(kept), raw, count) {
@@ -251,5 +262,97 @@ final class LongStrings {
         kept.update(from: base, count: count)
         strings[slot] = s
         return s
+    }
+}
+
+/// The scratch's table of the small objects and arrays it built recently,
+/// by the bytes they were parsed from: a nested value that an update
+/// repeats unchanged — a post's author, a list of tags — is handed back as
+/// the very tree stored with the previous version: its bytes are found by
+/// following brackets and strings (no value built), hashed and compared;
+/// nothing is parsed or allocated for it, nothing is freed with the
+/// previous version (which shares the tree), and the two versions compare
+/// equal by their buffers' address. A miss parses as always and takes the slot.
+///
+/// A tree is a function of the bytes it was parsed from (the same names in
+/// the same order, the same spellings, the same repeated names resolved
+/// alike), so the value handed back is the one the parse would have built,
+/// and the bytes it was kept under parsed without an error. What the parse
+/// depends on besides the bytes is checked or replayed: the depth (a hit
+/// needs the bytes' nesting to fit under the parser's limit from where
+/// they are) and the count of irregularities (added as the parse added it).
+/// Only values nested in another value's member are kept (`depth` ≥ 3: not
+/// a request, not its model), of 8 to ``maxCount`` bytes.
+///
+/// Bounded like ``LongStrings``: ``slots`` values of at most ``maxCount``
+/// bytes each and their bytes (~50 KB of bytes per parsing thread, and the
+/// trees, a few times their bytes); a value the table holds lives until its
+/// slot is taken. The trees are immutable values shared by reference count,
+/// so one handed to another thread (the sequencer) stays valid after its
+/// slot is reused.
+final class SmallContainers {
+    static let slots = 256
+    static let maxCount = 128
+    static let minCount = 8
+
+    let hashes: UnsafeMutablePointer<UInt64>
+    let counts: UnsafeMutablePointer<Int>
+    let bytes: UnsafeMutablePointer<UInt8>
+    let values: UnsafeMutablePointer<JSON>
+    /// What the parse of each slot's bytes added to the parser's count of
+    /// irregularities (whitespace, escapes, repeated names), added again on a hit.
+    let irregularities: UnsafeMutablePointer<Int>
+
+    init() {
+        hashes = .allocate(capacity: Self.slots)
+        hashes.initialize(repeating: 0, count: Self.slots)
+        counts = .allocate(capacity: Self.slots)
+        counts.initialize(repeating: -1, count: Self.slots)
+        bytes = .allocate(capacity: Self.slots * Self.maxCount)
+        values = .allocate(capacity: Self.slots)
+        values.initialize(repeating: .null, count: Self.slots)
+        irregularities = .allocate(capacity: Self.slots)
+        irregularities.initialize(repeating: 0, count: Self.slots)
+    }
+
+    func free() {
+        hashes.deallocate()
+        counts.deallocate()
+        bytes.deallocate()
+        values.deinitialize(count: Self.slots)
+        values.deallocate()
+        irregularities.deallocate()
+    }
+
+    /// What a lookup learned, for keeping the value parsed after a miss.
+    struct Probe {
+        var count = 0
+        var hash: UInt64 = 0
+    }
+
+    /// The value parsed from `base[0..<count]` (``minCount`` ≤ `count` ≤
+    /// ``maxCount``) and how many irregularities its parse counted, when
+    /// the table holds it; else nil, and `probe` is what ``keep`` takes.
+    @inline(__always)
+    func find(_ base: UnsafePointer<UInt8>, count: Int, _ probe: inout Probe) -> (JSON, Int)? {
+        let raw = UnsafeRawPointer(base)
+        let h = hashBytes(raw, count: count)
+        let slot = Int(truncatingIfNeeded: h &>> 56)
+        if hashes[slot] == h && counts[slot] == count && LongStrings.same(UnsafeRawPointer(bytes + slot &* Self.maxCount), raw, count) {
+            return (values[slot], irregularities[slot])
+        }
+        probe = Probe(count: count, hash: h)
+        return nil
+    }
+
+    /// Keeps `value`, parsed from the bytes at `base` that `probe` looked up.
+    @inline(__always)
+    func keep(_ value: JSON, _ base: UnsafePointer<UInt8>, _ probe: Probe, irregular: Int) {
+        let slot = Int(truncatingIfNeeded: probe.hash &>> 56)
+        hashes[slot] = probe.hash
+        counts[slot] = probe.count
+        irregularities[slot] = irregular
+        (bytes + slot &* Self.maxCount).update(from: base, count: probe.count)
+        values[slot] = value
     }
 }
