@@ -282,8 +282,22 @@ case "codec":
         }
     }
     let tapeS = now() - t
+    // The worst case of the parser's table of small nested values: a line
+    // of 10,000 distinct small objects (a collection's items), each a miss.
+    let distinct = Array((#"{"op":"collection.set","collection":"c","items":["# + (0..<10_000).map { #"{"id":"Item:\#($0)","v":\#($0)}"# }.joined(separator: ",") + "]}").utf8)
+    let rounds = max(1, n / 1_000)
+    t = now()
+    for _ in 0..<rounds { if case .object(let o) = try! parser.parse(distinct) { sink &+= o.count } }
+    let distinctS = now() - t
+    // And of 2,000 distinct objects past the table's 128 bytes (each scanned to its limit when looked up).
+    let large = Array((#"{"op":"collection.set","collection":"c","items":["# + (0..<2_000).map { #"{"id":"Item:\#($0)","title":"An item whose encoding is longer than the table keeps","body":"\#(String(repeating: "x", count: 60))","v":\#($0)}"# }.joined(separator: ",") + "]}").utf8)
+    t = now()
+    for _ in 0..<rounds { if case .object(let o) = try! parser.parse(large) { sink &+= o.count } }
+    let largeS = now() - t
     let mb = Double(doc.count * n) / 1e6
     print("document \(doc.count) B, \(n) iterations (sink \(sink % 7))")
+    print(String(format: "distinct: %.1f MB/s  (%.3f µs per small object, a line of 10,000 distinct ones)", Double(distinct.count * rounds) / 1e6 / distinctS, distinctS / Double(rounds * 10_000) * 1e6))
+    print(String(format: "large distinct: %.1f MB/s  (%.3f µs per object of ~180 B, a line of 2,000 distinct ones)", Double(large.count * rounds) / 1e6 / largeS, largeS / Double(rounds * 2_000) * 1e6))
     print(String(format: "parse:  %.1f MB/s  (%.2f µs per document)", mb / parseS, parseS / Double(n) * 1e6))
     print(String(format: "tape:   %.1f MB/s  (%.2f µs per document, %d nodes, the id found by bytes)", mb / tapeS, tapeS / Double(n) * 1e6, tape.nodes.count))
     print(String(format: "encode: %.1f MB/s  (%.2f µs per document)", mb / encodeS, encodeS / Double(n) * 1e6))

@@ -99,7 +99,7 @@ struct ParserState {
     /// The thread's table of longer strings (the tree parser's).
     unowned(unsafe) let longStrings: LongStrings?
     /// The thread's table of small nested objects and arrays (the tree parser's).
-    unowned(unsafe) let containers: SmallContainers?
+    let containers: SmallContainers?
     /// How often the text differed from what `JSONWriter` writes for the
     /// tree (whitespace skipped, an escaped string, a repeated name).
     var irregular = 0
@@ -201,13 +201,29 @@ struct ParserState {
     }
 
     mutating func parseObject(depth: Int) throws(JSONParseError) -> JSON {
-        if depth > maxDepth { throw error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
+        if depth >= 3, let containers, containers.shouldLook() {
+            return try parseKept(containers, depth: depth, object: true)
+        }
+        return try parseObjectMembers(depth: depth)
+    }
+
+    /// A nested object or array through the thread's table: handed back
+    /// when the table holds it (``reuse(_:depth:_:)``), else parsed and kept.
+    @inline(never)
+    mutating func parseKept(_ containers: SmallContainers, depth: Int, object: Bool) throws(JSONParseError) -> JSON {
         let open = pos
         var known = SmallContainers.Probe()
-        if depth >= 3, let containers {
-            if let v = reuse(containers, depth: depth, &known) { return v }
-        }
+        if let v = reuse(containers, depth: depth, &known) { return v }
         let irregularBefore = irregular
+        let v = object ? try parseObjectMembers(depth: depth) : try parseArrayItems(depth: depth)
+        if known.count == pos - open {
+            containers.keep(v, buf.baseAddress! + open, known, irregular: irregular &- irregularBefore)
+        }
+        return v
+    }
+
+    mutating func parseObjectMembers(depth: Int) throws(JSONParseError) -> JSON {
+        if depth > maxDepth { throw error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
         pos += 1  // {
         skipWhitespace()
         if pos < buf.count && buf[pos] == UInt8(ascii: "}") {
@@ -273,11 +289,7 @@ struct ParserState {
             members = Self.dedupe(members)
             if members.count != n { irregular &+= 1 }
         }
-        let v = JSON.object(JSONObject(members))
-        if known.count == pos - open, let containers {
-            containers.keep(v, buf.baseAddress! + open, known, irregular: irregular &- irregularBefore)
-        }
-        return v
+        return .object(JSONObject(members))
     }
 
     static func dedupe(_ members: [JSONObject.Member]) -> [JSONObject.Member] {
@@ -295,7 +307,8 @@ struct ParserState {
         return out
     }
 
-    /// A small nested container's tree from the thread's table, when it
+    /// A small nested container's tree from the thread's table (the
+    /// caller asked it ``SmallContainers/shouldLook()``), when it
     /// holds one parsed from the same bytes and the bytes nest no deeper
     /// than the parse allows here; `pos` is then past them. Otherwise nil,
     /// and `probe` says what to keep the parsed value under (its count is
@@ -303,7 +316,10 @@ struct ParserState {
     @inline(__always)
     mutating func reuse(_ containers: SmallContainers, depth: Int, _ probe: inout SmallContainers.Probe) -> JSON? {
         guard let (end, height) = ByteScan.containerEnd(buf.baseAddress!, from: pos, limit: min(buf.count, pos &+ SmallContainers.maxCount)),
-              end &- pos >= SmallContainers.minCount, depth &+ height &- 1 <= maxDepth else { return nil }
+              end &- pos >= SmallContainers.minCount, depth &+ height &- 1 <= maxDepth else {
+            containers.missed()
+            return nil
+        }
         guard let (v, irregularity) = containers.find(buf.baseAddress! + pos, count: end &- pos, &probe) else { return nil }
         irregular &+= irregularity
         pos = end
@@ -311,13 +327,14 @@ struct ParserState {
     }
 
     mutating func parseArray(depth: Int) throws(JSONParseError) -> JSON {
-        if depth > maxDepth { throw error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
-        let open = pos
-        var known = SmallContainers.Probe()
-        if depth >= 3, let containers {
-            if let v = reuse(containers, depth: depth, &known) { return v }
+        if depth >= 3, let containers, containers.shouldLook() {
+            return try parseKept(containers, depth: depth, object: false)
         }
-        let irregularBefore = irregular
+        return try parseArrayItems(depth: depth)
+    }
+
+    mutating func parseArrayItems(depth: Int) throws(JSONParseError) -> JSON {
+        if depth > maxDepth { throw error("nesting deeper than \(maxDepth) levels", kind: .tooDeep) }
         pos += 1  // [
         skipWhitespace()
         if pos < buf.count && buf[pos] == UInt8(ascii: "]") {
@@ -337,11 +354,7 @@ struct ParserState {
             pos -= 1
             throw error("expected ',' or ']' in an array")
         }
-        let v = JSON.array(itemStack.pop(from: base))
-        if known.count == pos - open, let containers {
-            containers.keep(v, buf.baseAddress! + open, known, irregular: irregular &- irregularBefore)
-        }
-        return v
+        return .array(itemStack.pop(from: base))
     }
 
     mutating func parseNumber() throws(JSONParseError) -> JSONNumber {

@@ -30,7 +30,7 @@ final class ParseScratch {
     init() {
         table = ShortStrings()
         longTable = LongStrings()
-        containers = SmallContainers()
+        containers = SmallContainers.make()
     }
 
     deinit {
@@ -290,39 +290,68 @@ final class LongStrings {
 /// slot is taken. The trees are immutable values shared by reference count,
 /// so one handed to another thread (the sequencer) stays valid after its
 /// slot is reused.
-final class SmallContainers {
+struct SmallContainers {
     static let slots = 256
     static let maxCount = 128
     static let minCount = 8
 
-    let hashes: UnsafeMutablePointer<UInt64>
-    let counts: UnsafeMutablePointer<Int>
-    let bytes: UnsafeMutablePointer<UInt8>
-    let values: UnsafeMutablePointer<JSON>
+    /// One allocation, one word in the parser's state (a value: the parser
+    /// copies it without reference counting). Layout: the miss count and
+    /// the sampling tick, then per slot its hash, byte count, irregularity
+    /// count and value, then the slots' bytes (``maxCount`` each).
+    private let base: UnsafeMutableRawPointer
+    private static let hashesAt = 16
+    private static let countsAt = hashesAt + slots * 8
+    private static let irregularitiesAt = countsAt + slots * 8
+    private static let valuesAt = irregularitiesAt + slots * 8
+    private static let bytesAt = valuesAt + slots * MemoryLayout<JSON>.stride
+    private static let size = bytesAt + slots * maxCount
+
+    private var missRun: UnsafeMutablePointer<Int> { base.assumingMemoryBound(to: Int.self) }
+    private var tick: UnsafeMutablePointer<UInt32> { (base + 8).assumingMemoryBound(to: UInt32.self) }
+    private var hashes: UnsafeMutablePointer<UInt64> { (base + Self.hashesAt).assumingMemoryBound(to: UInt64.self) }
+    private var counts: UnsafeMutablePointer<Int> { (base + Self.countsAt).assumingMemoryBound(to: Int.self) }
     /// What the parse of each slot's bytes added to the parser's count of
     /// irregularities (whitespace, escapes, repeated names), added again on a hit.
-    let irregularities: UnsafeMutablePointer<Int>
+    private var irregularities: UnsafeMutablePointer<Int> { (base + Self.irregularitiesAt).assumingMemoryBound(to: Int.self) }
+    private var values: UnsafeMutablePointer<JSON> { (base + Self.valuesAt).assumingMemoryBound(to: JSON.self) }
+    private var bytes: UnsafeMutablePointer<UInt8> { (base + Self.bytesAt).assumingMemoryBound(to: UInt8.self) }
 
-    init() {
-        hashes = .allocate(capacity: Self.slots)
-        hashes.initialize(repeating: 0, count: Self.slots)
-        counts = .allocate(capacity: Self.slots)
-        counts.initialize(repeating: -1, count: Self.slots)
-        bytes = .allocate(capacity: Self.slots * Self.maxCount)
-        values = .allocate(capacity: Self.slots)
-        values.initialize(repeating: .null, count: Self.slots)
-        irregularities = .allocate(capacity: Self.slots)
-        irregularities.initialize(repeating: 0, count: Self.slots)
+    /// Made by the thread's ``ParseScratch``, which frees it.
+    static func make() -> SmallContainers {
+        let p = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 16)
+        p.initializeMemory(as: Int.self, repeating: 0, count: 2)
+        (p + hashesAt).initializeMemory(as: UInt64.self, repeating: 0, count: slots)
+        (p + countsAt).initializeMemory(as: Int.self, repeating: -1, count: slots)
+        (p + irregularitiesAt).initializeMemory(as: Int.self, repeating: 0, count: slots)
+        (p + valuesAt).initializeMemory(as: JSON.self, repeating: .null, count: slots)
+        return SmallContainers(base: p)
     }
 
     func free() {
-        hashes.deallocate()
-        counts.deallocate()
-        bytes.deallocate()
         values.deinitialize(count: Self.slots)
-        values.deallocate()
-        irregularities.deallocate()
+        base.deallocate()
     }
+
+    /// After this many misses in a row, only one container in
+    /// ``sampleEvery`` is looked up, until one is found again: a line of
+    /// distinct values (a bulk load, a collection's new items) pays
+    /// ~1/32 of a miss's cost per container instead of all of it, while
+    /// a stream of writes that repeat their nested values keeps finding them.
+    static let missesBeforeSampling = 64
+    static let sampleEvery: UInt32 = 32
+
+    /// Whether to look the next container up.
+    @inline(__always)
+    func shouldLook() -> Bool {
+        if missRun.pointee < Self.missesBeforeSampling { return true }
+        tick.pointee &+= 1
+        return tick.pointee & (Self.sampleEvery &- 1) == 0
+    }
+
+    /// A container that could not be looked up (too long, too short, too deep here).
+    @inline(__always)
+    func missed() { missRun.pointee &+= 1 }
 
     /// What a lookup learned, for keeping the value parsed after a miss.
     struct Probe {
@@ -339,8 +368,10 @@ final class SmallContainers {
         let h = hashBytes(raw, count: count)
         let slot = Int(truncatingIfNeeded: h &>> 56)
         if hashes[slot] == h && counts[slot] == count && LongStrings.same(UnsafeRawPointer(bytes + slot &* Self.maxCount), raw, count) {
+            missRun.pointee = 0
             return (values[slot], irregularities[slot])
         }
+        missRun.pointee &+= 1
         probe = Probe(count: count, hash: h)
         return nil
     }

@@ -114,4 +114,26 @@ struct SmallContainersTests {
             JSONTapeTests.agree(bytes, maxDepth: 6 + Int(rng.next() % 6))
         }
     }
+
+    /// After 64 misses in a row the table looks up one container in 32
+    /// (a line of distinct values pays little for it); a hit restores
+    /// looking up every one.
+    @Test func aRunOfMissesLooksUpOneInThirtyTwoUntilAHit() {
+        let table = SmallContainers.make()
+        defer { table.free() }
+        let bytes = Array(#"{"id":"Person:1","name":"Ann"}"#.utf8)
+        var probe = SmallContainers.Probe()
+        bytes.withUnsafeBufferPointer { b in
+            #expect(table.find(b.baseAddress!, count: b.count, &probe) == nil)
+            table.keep(.string("kept"), b.baseAddress!, probe, irregular: 0)
+        }
+        for _ in 0..<63 { table.missed() }  // 64 in a row with the lookup above
+        var looked = 0
+        for _ in 0..<320 where table.shouldLook() { looked += 1 }
+        #expect(looked == 10)
+        bytes.withUnsafeBufferPointer { b in
+            #expect(table.find(b.baseAddress!, count: b.count, &probe)?.0 == .string("kept"))
+        }
+        #expect((0..<10).allSatisfy { _ in table.shouldLook() })
+    }
 }
