@@ -5,8 +5,10 @@ import Darwin
 #endif
 
 /// What the tree parser reuses from one line to the next on one thread:
-/// its two stacks (grown once, not allocated and freed per line) and a
-/// table of the short ASCII strings it built recently.
+/// its two stacks (grown once, not allocated and freed per line) and
+/// three tables of what it built recently: short ASCII strings (below),
+/// longer strings (``LongStrings``) and small nested objects and arrays
+/// (``SmallContainers``), each of a fixed number of slots.
 ///
 /// Member names repeat from line to line ("op", "model", "id", a model's
 /// own names) and so do short values (an op, a small number): a string of
