@@ -287,8 +287,9 @@ final class LongStrings {
 /// a request, not its model), of 8 to ``maxCount`` bytes.
 ///
 /// Bounded like ``LongStrings``: ``slots`` values of at most ``maxCount``
-/// bytes each and their bytes (~50 KB of bytes per parsing thread, and the
-/// trees, a few times their bytes); a value the table holds lives until its
+/// bytes each and their bytes (one allocation of ~46 KB per parsing
+/// thread: 32 KB of bytes, 14 KB of slots; and the trees, a few times
+/// their bytes); a value the table holds lives until its
 /// slot is taken. The trees are immutable values shared by reference count,
 /// so one handed to another thread (the sequencer) stays valid after its
 /// slot is reused.
@@ -321,6 +322,7 @@ struct SmallContainers {
 
     /// Made by the thread's ``ParseScratch``, which frees it.
     static func make() -> SmallContainers {
+        assert(valuesAt % MemoryLayout<JSON>.alignment == 0, "the values' offset must suit JSON's alignment")
         let p = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 16)
         p.initializeMemory(as: Int.self, repeating: 0, count: 2)
         (p + hashesAt).initializeMemory(as: UInt64.self, repeating: 0, count: slots)
