@@ -100,8 +100,8 @@ extension Engine {
 
     /// After mutation `seq` was applied: what it changed, and its token.
     /// Returns the tokens that expired (to forget in the cache backend too).
-    func recordVersions(_ change: StoreChange, effects: [ViewEffect], ops: [(Mutation, origin: String?)], token: String?) -> [String] {
-        let written = WrittenIDs(effects: effects)
+    /// `written`: the identities the mutation's updates wrote, in order.
+    func recordVersions(_ change: StoreChange, written: [String], ops: [(Mutation, origin: String?)], token: String?) -> [String] {
         // Keys and collection names by index (a loop over the pairs copied
         // each through the runtime's generic tuple witnesses), into sets
         // that hold their first member inline (no allocation for one op).
@@ -122,35 +122,6 @@ extension Engine {
         let now = versionsNow
         if let token { versions.remember(token: token, seq: seq, now: now) }
         return versions.expireTokens(seq: seq, now: now)
-    }
-}
-
-/// The identities a mutation's effects write, in order, read in place
-/// (a lazy map over the effects' maps copied every value out with its id).
-struct WrittenIDs: Sequence, IteratorProtocol {
-    let effects: [ViewEffect]
-    private var e = 0
-    private var i = 0
-
-    init(effects: [ViewEffect]) { self.effects = effects }
-
-    /// How many there are (the change set is hashed for many lookups).
-    var underestimatedCount: Int {
-        var n = 0
-        for e in effects { if case .update(let u) = e { n += u.swap.count } }
-        return n
-    }
-
-    mutating func next() -> String? {
-        while e < effects.count {
-            if case .update(let u) = effects[e], i < u.swap.count {
-                i += 1
-                return u.swap.id(at: i - 1)
-            }
-            e += 1
-            i = 0
-        }
-        return nil
     }
 }
 

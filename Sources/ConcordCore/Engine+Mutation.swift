@@ -61,7 +61,11 @@ extension Engine {
 
         var effects = effectsScratch
         effectsScratch = []
+        var written = writtenScratch
+        writtenScratch = []
         defer {
+            written.drain(keepingAtMost: 4096)
+            writtenScratch = written
             // A single update's entity map goes back to the store to be
             // filled again by the next update (nothing holds it any more
             // once the effects are gone).
@@ -82,6 +86,7 @@ extension Engine {
                     let prepared = try store.prepareUpdate(model: model, key: key, mode: mode, force: force)
                     if ops.count == 1 { store.apply(prepared, into: &change) } else { change.formUnion(store.apply(prepared)) }
                     if let m = store.sharedRoot, verbatimModel != nil { verbatimShared = m }
+                    prepared.values.forEachID { written.append($0) }
                     effects.append(.update(UpdateEffect(swap: prepared.values, partials: prepared.partials, force: force)))
                 case .deleteEntity(let id):
                     let ch = store.deleteEntity(id)
@@ -92,10 +97,12 @@ extension Engine {
                 case .collectionSet(let name, let items):
                     let (ch, prepared) = try store.collectionSet(name, items: items)
                     change.formUnion(ch)
+                    prepared.values.forEachID { written.append($0) }
                     effects.append(.update(UpdateEffect(swap: prepared.values, partials: nil, force: false)))
                 case .collectionInsert(let name, let index, let items):
                     let (ch, prepared) = try store.collectionInsert(name, index: index, items: items)
                     change.formUnion(ch)
+                    prepared.values.forEachID { written.append($0) }
                     effects.append(.update(UpdateEffect(swap: prepared.values, partials: nil, force: false)))
                 case .collectionRemoveAt(let name, let index, let count):
                     try store.collectionRemove(name, index: index, count: count)
@@ -114,7 +121,7 @@ extension Engine {
         }
         seq += 1
         render(effects: effects, change: change, net: ops.count == 1, origins: origins, context: options.context)
-        let expired = recordVersions(change, effects: effects, ops: ops, token: options.token)
+        let expired = recordVersions(change, written: written, ops: ops, token: options.token)
         recordWrites(token: options.token, expiredTokens: expired)
         store.commit()
         if holdUntilDurable(c, rid: rid) { return }

@@ -144,6 +144,11 @@ public final class Engine {
     /// mutations empty with their capacity: two allocations fewer each.
     var opsScratch: [(Mutation, origin: String?)] = []
     var effectsScratch: [ViewEffect] = []
+    /// The identities a mutation's updates wrote, in order (for the version
+    /// table), kept between mutations empty with their capacity. Collected
+    /// as the effects are made: reading them back out of the effects copied
+    /// each effect, its entity map and values (~300 instructions an update).
+    var writtenScratch: [String] = []
     /// The render plan's job list, kept (empty) between mutations.
     var jobsScratch: [RenderPlan.Job] = []
 

@@ -35,6 +35,15 @@ struct EntityMap: Sequence {
 
     /// The `i`th identity added.
     func id(at i: Int) -> String { entries[i].id }
+
+    /// Each identity in the order of addition, read in place (the entry's
+    /// value is neither copied nor retained).
+    @inline(__always)
+    func forEachID(_ body: (String) -> Void) {
+        entries.withUnsafeBufferPointer { b in
+            for i in b.indices { body(b[i].id) }
+        }
+    }
     func value(at i: Int) -> JSON { entries[i].value }
 
     subscript(id: String) -> JSON? { position(id).map { entries[$0].value } }

@@ -363,6 +363,11 @@ final class ClusterLink: ClusterLogLink {
         }
         if reader == nil { reader = open(.reader) }
         if writer?.connected == true, beatSentAt == nil { heartbeat() }
+        // The append script again when it was refused: Redis answers
+        // `-LOADING` while it reads its files after a restart, and the
+        // heartbeats may pass (attached) a moment later. Appends wait for
+        // the script; without this they waited out the cluster timeout.
+        if writer?.connected == true, scriptSHA == nil { loadScript() }
         if writer?.connected == true, !bootstrapped { bootstrap() }
         if writer?.connected == true, resyncAgain {
             resyncAgain = false

@@ -115,8 +115,9 @@ final class TemporaryDirectory {
 /// Several `concord-server` hosts on one real Redis (PROTOCOL.md §8), all on this machine, all on Unix sockets.
 @Suite(.serialized, .enabled(if: RedisProcess.available, "needs /usr/bin/redis-server (make test installs it)"))
 struct ClusterTests {
-    static func host(_ redis: RedisProcess, _ name: String, _ more: [String] = [], directory: URL? = nil) throws -> ServerProcess {
-        try ServerProcess(arguments: ["--cluster", redis.url, "--cluster-name", "t", "--cluster-host", name, "--threads", "2"] + more,
+    /// `url`: where the host finds the log (Redis itself unless given: a proxy in front of it).
+    static func host(_ redis: RedisProcess, _ name: String, _ more: [String] = [], directory: URL? = nil, url: String? = nil) throws -> ServerProcess {
+        try ServerProcess(arguments: ["--cluster", url ?? redis.url, "--cluster-name", "t", "--cluster-host", name, "--threads", "2"] + more,
                           directory: directory, environment: internalChecks)
     }
 
@@ -601,8 +602,12 @@ struct ClusterTests {
         try FileManager.default.copyItem(at: redis.directory.appendingPathComponent("appendonlydir"), to: backup)
         try redis.start()
         try Self.waitAttached(hosts)
-        for v in 6...10 { #expect(try a.request(#"{"op":"update","model":{"id":"A","v":\#(v)}}"#)["seq"] == .int(v)) }
-        #expect(try b.request(#"{"op":"get","id":"A","min_seq":10}"#)["model"]?["v"] == 10)
+        for v in 6...10 {
+            let r = try a.request(#"{"op":"update","model":{"id":"A","v":\#(v)}}"#)
+            #expect(r["seq"] == .int(v), "\(r.compactString)")
+        }
+        let ten = try b.request(#"{"op":"get","id":"A","min_seq":10}"#)
+        #expect(ten["model"]?["v"] == 10, "\(ten.compactString)")
         redis.kill9()
         let dir = redis.directory.appendingPathComponent("appendonlydir")
         try FileManager.default.removeItem(at: dir)
@@ -616,6 +621,26 @@ struct ClusterTests {
         }
         #expect(try a.request(#"{"op":"update","model":{"id":"A","v":11}}"#)["seq"] == 12)
         #expect(try b.request(#"{"op":"get","id":"A","min_seq":12}"#)["model"]?["v"] == 11)
+    }
+
+    /// Redis refuses commands with `-LOADING` while it reads its files after a
+    /// restart; heartbeats then fail until it is done, and the host attaches
+    /// once they pass. The append script, loaded when the writer connects,
+    /// may have been refused in that window: it is loaded again, not left
+    /// missing (every write then waited out the cluster timeout and came
+    /// back indeterminate — seen under load in the AOF rollback test).
+    @Test func anAppendScriptRefusedWhileTheLogLoadsIsLoadedAgain() throws {
+        let redis = try RedisProcess()
+        let proxy = try RESPFaultProxy(target: redis.socketPath)
+        defer { proxy.stop() }
+        proxy.refuse("SCRIPT", times: 2, with: "LOADING Redis is loading the dataset in memory")
+        let host = try Self.host(redis, "h0", url: proxy.url)
+        try Self.waitAttached([host])
+        let a = try host.connect()
+        let r = try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)
+        #expect(r["seq"] == 1, "\(r.compactString)")
+        #expect(proxy.refused.load(ordering: .relaxed) == 2)
+        #expect(try a.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)
     }
 
     @Test func aHostListensOnlyOnceItHasCaughtUpWithTheLog() throws {
