@@ -424,17 +424,32 @@ extension JSON {
     /// How deeply the value nests (an object or array is one level more than
     /// its deepest member; a scalar is 0), or `cap` when it nests at least
     /// that deeply: the walk never recurses deeper than `cap`.
+    // The walks below read each child in place through the container's
+    // buffer: `for m in o.members` copied every member out (a retain and
+    // a release of its key and its value each), most of the walk's cost.
     public func height(cappedAt cap: Int) -> Int {
         guard cap > 0 else { return 0 }
         switch self {
         case .object(let o):
-            var h = 0
-            for m in o.members where h < cap - 1 { h = Swift.max(h, m.value.height(cappedAt: cap - 1)) }
-            return h + 1
+            return o.members.withUnsafeBufferPointer { b in
+                var h = 0
+                var i = 0
+                while i < b.count && h < cap - 1 {
+                    h = Swift.max(h, b[i].value.height(cappedAt: cap - 1))
+                    i += 1
+                }
+                return h + 1
+            }
         case .array(let a):
-            var h = 0
-            for v in a where h < cap - 1 { h = Swift.max(h, v.height(cappedAt: cap - 1)) }
-            return h + 1
+            return a.withUnsafeBufferPointer { b in
+                var h = 0
+                var i = 0
+                while i < b.count && h < cap - 1 {
+                    h = Swift.max(h, b[i].height(cappedAt: cap - 1))
+                    i += 1
+                }
+                return h + 1
+            }
         default:
             return 0
         }
@@ -444,12 +459,16 @@ extension JSON {
         switch self {
         case .object(let o):
             if limit < 1 { return true }
-            for m in o.members where m.value.nests(deeperThan: limit - 1) { return true }
-            return false
+            return o.members.withUnsafeBufferPointer { b in
+                for i in b.indices where b[i].value.nests(deeperThan: limit - 1) { return true }
+                return false
+            }
         case .array(let a):
             if limit < 1 { return true }
-            for v in a where v.nests(deeperThan: limit - 1) { return true }
-            return false
+            return a.withUnsafeBufferPointer { b in
+                for i in b.indices where b[i].nests(deeperThan: limit - 1) { return true }
+                return false
+            }
         default:
             return false
         }

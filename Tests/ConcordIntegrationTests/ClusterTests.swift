@@ -643,6 +643,32 @@ struct ClusterTests {
         #expect(try a.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)
     }
 
+    /// Redis at its `maxmemory` refuses the append script's writes: a
+    /// mutation is then refused as `unavailable`, not indeterminate (the
+    /// script is atomic: nothing of it went in), the host stays attached and
+    /// reads go on; once Redis has room again, writes resume, and every
+    /// host holds exactly what was acknowledged.
+    @Test func aLogOutOfMemoryRefusesWritesCleanlyAndTheyResumeAfterIt() throws {
+        let redis = try RedisProcess()
+        let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
+        try Self.waitAttached(hosts)
+        let a = try hosts[0].connect(), b = try hosts[1].connect()
+        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
+        #expect(try redis.cli(["CONFIG", "SET", "maxmemory", "1"]) == "OK")
+        let refused = try a.request(#"{"op":"update","model":{"id":"A","v":2},"token":"t2"}"#)
+        #expect(refused["error"]?["code"] == "unavailable", "\(refused.compactString)")
+        #expect(refused["error"]?["indeterminate"] == nil, "\(refused.compactString)")
+        #expect(refused["error"]?["message"]?.stringValue?.contains("OOM") == true, "\(refused.compactString)")
+        #expect(try Self.state(a) == "attached")
+        #expect(try b.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)
+        #expect(try redis.cli(["CONFIG", "SET", "maxmemory", "0"]) == "OK")
+        // The same token again: it was not taken, so the write is applied now, once.
+        let applied = try a.request(#"{"op":"update","model":{"id":"A","v":2},"token":"t2"}"#)
+        #expect(applied["seq"] == 2 && applied["duplicate"] == nil, "\(applied.compactString)")
+        let seen = try b.request(#"{"op":"get","id":"A","min_seq":2}"#)
+        #expect(seen["model"]?["v"] == 2 && seen["seq"] == 2, "\(seen.compactString)")
+    }
+
     @Test func aHostListensOnlyOnceItHasCaughtUpWithTheLog() throws {
         let redis = try RedisProcess()
         redis.kill9()
