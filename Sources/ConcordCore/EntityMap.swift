@@ -36,6 +36,14 @@ struct EntityMap: Sequence {
     /// The `i`th identity added.
     func id(at i: Int) -> String { entries[i].id }
 
+    /// Each value in the order of addition, read in place.
+    @inline(__always)
+    func forEachValue(_ body: (JSON) -> Void) {
+        entries.withUnsafeBufferPointer { b in
+            for i in b.indices { body(b[i].value) }
+        }
+    }
+
     /// Each identity in the order of addition, read in place (the entry's
     /// value is neither copied nor retained).
     @inline(__always)

@@ -50,6 +50,22 @@ public struct JSONObject: Sendable {
             }
         }
     }
+
+    /// Member `key` set to `value` (added when absent), unless it already
+    /// holds a value written as the same bytes: then nothing is written,
+    /// and a member list shared with another value is not copied (a merge
+    /// that gives an entity's members as they are stored).
+    @inlinable public mutating func merge(_ key: String, _ value: JSON) {
+        let found = members.withUnsafeBufferPointer { b -> (index: Int, same: Bool)? in
+            for i in b.indices where sameText(b[i].key, key) { return (i, b[i].value.hasSameEncoding(as: value)) }
+            return nil
+        }
+        if let found {
+            if !found.same { members[found.index].value = value }
+        } else {
+            members.append(Member(key: key, value: value))
+        }
+    }
 }
 
 /// A JSON number kept as its RFC 8259 lexeme.

@@ -31,3 +31,38 @@ struct SameEncodingTests {
         }
     }
 }
+
+/// `JSONObject.merge`: the member as given, unless it is already written
+/// as the same bytes — then the member list is left as it is (a list
+/// shared with another value is not copied).
+struct ObjectMergeTests {
+    func object(_ s: String) -> JSONObject { try! JSONParser().parse(s).objectValue! }
+    func v(_ s: String) -> JSON { try! JSONParser().parse(s) }
+
+    @Test func aMemberWrittenAlikeLeavesTheListShared() {
+        let stored = object(#"{"id":"P:1","name":"Ann","tags":["a","b"]}"#)
+        var merged = stored
+        merged.merge("name", v(#""Ann""#))
+        merged.merge("tags", v(#"["a","b"]"#))
+        #expect(sameBuffer(merged.members, stored.members))
+        #expect(JSON.object(merged).encoded() == JSON.object(stored).encoded())
+    }
+
+    @Test func aMemberEqualButSpelledOtherwiseIsWritten() {
+        // `==` calls 1 and 1.0 equal; the stored bytes must follow the update.
+        let stored = object(#"{"id":"P:1","n":1,"m":{"b":2,"a":1}}"#)
+        var merged = stored
+        merged.merge("n", v("1.0"))
+        merged.merge("m", v(#"{"a":1,"b":2}"#))
+        #expect(!sameBuffer(merged.members, stored.members))
+        #expect(String(decoding: JSON.object(merged).encoded(), as: UTF8.self) == #"{"id":"P:1","n":1.0,"m":{"a":1,"b":2}}"#)
+        #expect(String(decoding: JSON.object(stored).encoded(), as: UTF8.self) == #"{"id":"P:1","n":1,"m":{"b":2,"a":1}}"#)
+    }
+
+    @Test func aNewMemberIsAddedLast() {
+        var merged = object(#"{"id":"P:1"}"#)
+        merged.merge("name", v(#""Bo""#))
+        merged.merge("id", v(#""P:1""#))
+        #expect(String(decoding: JSON.object(merged).encoded(), as: UTF8.self) == #"{"id":"P:1","name":"Bo"}"#)
+    }
+}
