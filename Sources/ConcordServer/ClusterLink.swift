@@ -382,11 +382,21 @@ final class ClusterLink: ClusterLogLink {
         beatSentAt = monotonicSeconds()
         readOffsetAtBeat = readOffset
         command(ac, ["HMGET", metaKey, "epoch", "offset", "snap1_offset"]) { [self] reply in
-            beatSentAt = nil
             guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY, reply.pointee.elements == 3 else {
-                if let reply { problem("unexpected heartbeat answer from the cluster log: \(Self.text(reply) ?? "?")") }
+                if let reply {
+                    // An answer that is not the log's state (`-LOADING` for
+                    // seconds after a restart with a large AOF) is no
+                    // answer: the beat stays outstanding, so the loss
+                    // deadline runs from the last good one and the host
+                    // detaches (it stayed attached while every append was
+                    // refused), reconnecting until the heartbeats pass.
+                    problem("unexpected heartbeat answer from the cluster log: \(Self.text(reply) ?? "?")")
+                } else {
+                    beatSentAt = nil
+                }
                 return
             }
+            beatSentAt = nil
             lastBeat = monotonicSeconds()
             let epoch = Self.text(reply.pointee.element[0]!) ?? ""
             let head = Int(Self.text(reply.pointee.element[1]!) ?? "0") ?? 0

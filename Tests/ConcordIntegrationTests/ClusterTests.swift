@@ -643,6 +643,52 @@ struct ClusterTests {
         #expect(try a.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)
     }
 
+    /// A log that answers but refuses the heartbeat (`-LOADING` for seconds
+    /// after a restart with a large AOF) counts as lost: the host detaches,
+    /// refuses writes as not applied, serves reads, and attaches again once
+    /// the heartbeats pass; writes then resume.
+    @Test func aLogThatRefusesHeartbeatsIsLostUntilTheyPass() throws {
+        let redis = try RedisProcess()
+        let proxy = try RESPFaultProxy(target: redis.socketPath)
+        defer { proxy.stop() }
+        let host = try Self.host(redis, "h0", url: proxy.url)
+        try Self.waitAttached([host])
+        let a = try host.connect()
+        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
+        // Four refused heartbeats: a refused one stays outstanding, so each
+        // costs the loss deadline (0.75 s) and a reconnection — ~3 s detached.
+        proxy.refuse("HMGET", times: 4, with: "LOADING Redis is loading the dataset in memory")
+        try waitUntil("host detached", timeout: 10) { try Self.state(a) == "detached" }
+        let refused = try a.request(#"{"op":"update","model":{"id":"A","v":2}}"#)
+        #expect(refused["error"]?["code"] == "unavailable", "\(refused.compactString)")
+        #expect(refused["error"]?["indeterminate"] == nil, "\(refused.compactString)")
+        #expect(try a.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)
+        try Self.waitAttached([host])
+        #expect(proxy.refused.load(ordering: .relaxed) == 4)
+        let written = try a.request(#"{"op":"update","model":{"id":"A","v":3}}"#)
+        #expect(written["seq"] == 2, "\(written.compactString)")
+    }
+
+    /// Redis's script cache emptied under a running host (`SCRIPT FLUSH`, or
+    /// a failover to a replica that never saw the script): the next append
+    /// is refused `NOSCRIPT`, and the host loads the script again and sends
+    /// the same entry — applied once, with nothing for the client to see.
+    @Test func aFlushedScriptCacheIsLoadedAgainAndTheAppendGoesThrough() throws {
+        let redis = try RedisProcess()
+        let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
+        try Self.waitAttached(hosts)
+        let a = try hosts[0].connect(), b = try hosts[1].connect()
+        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
+        #expect(try redis.cli(["SCRIPT", "FLUSH"]) == "OK")
+        let r = try a.request(#"{"op":"update","model":{"id":"A","v":2}}"#)
+        #expect(r["seq"] == 2, "\(r.compactString)")
+        let s = try b.request(#"{"op":"update","model":{"id":"B","v":1}}"#)
+        #expect(s["seq"] == 3, "\(s.compactString)")
+        let seen = try a.request(#"{"op":"get","id":"B","min_seq":3}"#)
+        #expect(seen["model"]?["v"] == 1 && seen["seq"] == 3, "\(seen.compactString)")
+        #expect(try b.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 2)
+    }
+
     /// Redis at its `maxmemory` refuses the append script's writes: a
     /// mutation is then refused as `unavailable`, not indeterminate (the
     /// script is atomic: nothing of it went in), the host stays attached and
