@@ -121,6 +121,22 @@ struct ClusterTests {
                           directory: directory, environment: internalChecks)
     }
 
+    /// A Redis, two hosts on it attached, and a connection to each. Held
+    /// together: the processes live as long as the value is used.
+    struct TwoHosts {
+        let redis: RedisProcess
+        let hosts: [ServerProcess]
+        let a: WireClient
+        let b: WireClient
+    }
+
+    static func twoAttachedHosts() throws -> TwoHosts {
+        let redis = try RedisProcess()
+        let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
+        try Self.waitAttached(hosts)
+        return TwoHosts(redis: redis, hosts: hosts, a: try hosts[0].connect(), b: try hosts[1].connect())
+    }
+
     static func state(_ c: WireClient) throws -> String? { try c.request(#"{"op":"ping"}"#)["cluster"]?["state"]?.stringValue }
 
     /// Until every host has seen its link go (Redis stopped): a host that
@@ -674,19 +690,16 @@ struct ClusterTests {
     /// is refused `NOSCRIPT`, and the host loads the script again and sends
     /// the same entry — applied once, with nothing for the client to see.
     @Test func aFlushedScriptCacheIsLoadedAgainAndTheAppendGoesThrough() throws {
-        let redis = try RedisProcess()
-        let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
-        try Self.waitAttached(hosts)
-        let a = try hosts[0].connect(), b = try hosts[1].connect()
-        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
-        #expect(try redis.cli(["SCRIPT", "FLUSH"]) == "OK")
-        let r = try a.request(#"{"op":"update","model":{"id":"A","v":2}}"#)
+        let c = try Self.twoAttachedHosts()
+        #expect(try c.a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
+        #expect(try c.redis.cli(["SCRIPT", "FLUSH"]) == "OK")
+        let r = try c.a.request(#"{"op":"update","model":{"id":"A","v":2}}"#)
         #expect(r["seq"] == 2, "\(r.compactString)")
-        let s = try b.request(#"{"op":"update","model":{"id":"B","v":1}}"#)
+        let s = try c.b.request(#"{"op":"update","model":{"id":"B","v":1}}"#)
         #expect(s["seq"] == 3, "\(s.compactString)")
-        let seen = try a.request(#"{"op":"get","id":"B","min_seq":3}"#)
+        let seen = try c.a.request(#"{"op":"get","id":"B","min_seq":3}"#)
         #expect(seen["model"]?["v"] == 1 && seen["seq"] == 3, "\(seen.compactString)")
-        #expect(try b.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 2)
+        #expect(try c.b.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 2)
     }
 
     /// Redis at its `maxmemory` refuses the append script's writes: a
@@ -695,23 +708,20 @@ struct ClusterTests {
     /// reads go on; once Redis has room again, writes resume, and every
     /// host holds exactly what was acknowledged.
     @Test func aLogOutOfMemoryRefusesWritesCleanlyAndTheyResumeAfterIt() throws {
-        let redis = try RedisProcess()
-        let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
-        try Self.waitAttached(hosts)
-        let a = try hosts[0].connect(), b = try hosts[1].connect()
-        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
-        #expect(try redis.cli(["CONFIG", "SET", "maxmemory", "1"]) == "OK")
-        let refused = try a.request(#"{"op":"update","model":{"id":"A","v":2},"token":"t2"}"#)
+        let c = try Self.twoAttachedHosts()
+        #expect(try c.a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
+        #expect(try c.redis.cli(["CONFIG", "SET", "maxmemory", "1"]) == "OK")
+        let refused = try c.a.request(#"{"op":"update","model":{"id":"A","v":2},"token":"t2"}"#)
         #expect(refused["error"]?["code"] == "unavailable", "\(refused.compactString)")
         #expect(refused["error"]?["indeterminate"] == nil, "\(refused.compactString)")
         #expect(refused["error"]?["message"]?.stringValue?.contains("OOM") == true, "\(refused.compactString)")
-        #expect(try Self.state(a) == "attached")
-        #expect(try b.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)
-        #expect(try redis.cli(["CONFIG", "SET", "maxmemory", "0"]) == "OK")
+        #expect(try Self.state(c.a) == "attached")
+        #expect(try c.b.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)
+        #expect(try c.redis.cli(["CONFIG", "SET", "maxmemory", "0"]) == "OK")
         // The same token again: it was not taken, so the write is applied now, once.
-        let applied = try a.request(#"{"op":"update","model":{"id":"A","v":2},"token":"t2"}"#)
+        let applied = try c.a.request(#"{"op":"update","model":{"id":"A","v":2},"token":"t2"}"#)
         #expect(applied["seq"] == 2 && applied["duplicate"] == nil, "\(applied.compactString)")
-        let seen = try b.request(#"{"op":"get","id":"A","min_seq":2}"#)
+        let seen = try c.b.request(#"{"op":"get","id":"A","min_seq":2}"#)
         #expect(seen["model"]?["v"] == 2 && seen["seq"] == 2, "\(seen.compactString)")
     }
 
