@@ -563,7 +563,7 @@ final class Store {
             }
             // In place: `base` is this function's own copy (substituting a
             // copy of it copied its members a second time).
-            if base.members.withUnsafeBufferPointer({ b in b.contains { $0.value.isContainer } }) {
+            if base.holdsContainer {
                 tree.substituteMembersInPlace(&base.members) { mergedValue($0) }
             }
             let result = JSON.object(base)
@@ -591,7 +591,7 @@ final class Store {
         var gives = false
         partials.forEachValue { v in
             guard !gives, case .object(let o) = v else { return }
-            gives = o.members.withUnsafeBufferPointer { b in b.contains { $0.value.isContainer } }
+            gives = o.holdsContainer
         }
         return gives
     }

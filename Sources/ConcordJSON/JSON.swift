@@ -51,6 +51,11 @@ public struct JSONObject: Sendable {
         }
     }
 
+    /// Whether some member's value is an object or an array (read in place).
+    @inlinable public var holdsContainer: Bool {
+        members.withUnsafeBufferPointer { b in b.contains { $0.value.isContainer } }
+    }
+
     /// Member `key` set to `value` (added when absent), unless it already
     /// holds a value written as the same bytes: then nothing is written,
     /// and a member list shared with another value is not copied (a merge
