@@ -170,6 +170,11 @@ final class ClusterLink: ClusterLogLink {
     private var readOffset = 0
     private var readOffsetAtBeat = 0
     private var readSentAt: Double?
+    /// Since when reads have been refused (an error answer, not a lost
+    /// connection), and the last refusal; nil once one passes. Kept across
+    /// reconnections: a host whose reads are refused cannot follow the
+    /// order, so it detaches and does not attach again before one passes.
+    private var readRefused: (since: Double, error: String)?
     private var queue: [Append] = []
     private var inFlight: [String: Append] = [:]
     private var nextToken = 0
@@ -348,6 +353,10 @@ final class ClusterLink: ClusterLogLink {
             drop(&writer, reason: "no heartbeat answer from the cluster log within \(options.lossAfter) s")
             drop(&reader, reason: "the writer lost the cluster log", isLoss: false)
         }
+        if let r = readRefused, told.attached, now - r.since > options.lossAfter {
+            drop(&reader, reason: "the cluster log refused reads for over \(options.lossAfter) s: \(r.error)")
+            drop(&writer, reason: "the reader lost the cluster log", isLoss: false)
+        }
         if let sent = readSentAt, now - sent > Double(options.blockMs) / 1000 + options.lossAfter {
             drop(&reader, reason: "a blocked read of the cluster log did not return within \(Double(options.blockMs) / 1000 + options.lossAfter) s")
             drop(&writer, reason: "the reader lost the cluster log", isLoss: false)
@@ -412,7 +421,7 @@ final class ClusterLink: ClusterLogLink {
             // log from its start) is made and handed to the core: an empty
             // state is not "a few entries behind" a trimmed log, and the host
             // must not count as caught up (and listen) on it.
-            if bootstrapped, reader?.connected == true, !told.attached || told.epoch != epoch || told.head != head {
+            if bootstrapped, reader?.connected == true, readRefused == nil, !told.attached || told.epoch != epoch || told.head != head {
                 if !told.attached {
                     logger.info("attached to the cluster log", metadata: [
                         "concord.cluster": "\(options.settings.name)", "concord.epoch": "\(epoch)", "concord.head": "\(head)",
@@ -446,6 +455,15 @@ final class ClusterLink: ClusterLogLink {
             guard generation == readGeneration else { return }  // sent before a rebuild moved the read position
             readSentAt = nil
             guard let reply else { return }  // disconnected: the timer reconnects
+            if reply.pointee.type == REDIS_REPLY_ERROR {
+                // Refused (`-NOPERM`, `-LOADING`): the timer asks again on
+                // its next tick, and detaches the host if this lasts.
+                let error = Self.text(reply) ?? "?"
+                problem("reading the cluster log failed: \(error)")
+                readRefused = (readRefused?.since ?? monotonicSeconds(), error)
+                return
+            }
+            readRefused = nil
             if reply.pointee.type == REDIS_REPLY_ARRAY {
                 let entries = parseEntries(reply)
                 if !entries.isEmpty {
@@ -453,9 +471,6 @@ final class ClusterLink: ClusterLogLink {
                     sequencer.clusterQueued.add(entries.count, ordering: .relaxed)
                     submit(.clusterEntries(entries))
                 }
-            } else if reply.pointee.type == REDIS_REPLY_ERROR {
-                problem("reading the cluster log failed: \(Self.text(reply) ?? "?")")
-                return
             }
             read()
         }

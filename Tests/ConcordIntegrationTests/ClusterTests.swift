@@ -685,6 +685,43 @@ struct ClusterTests {
         #expect(written["seq"] == 2, "\(written.compactString)")
     }
 
+    /// A log that answers heartbeats but refuses reads (an ACL user without
+    /// `XREAD`, a proxy in the way): the host cannot follow the order, so it
+    /// must not say `attached` — a write it appended would never be seen
+    /// applied, and would come back indeterminate after the cluster timeout.
+    /// Reads refused for the loss deadline detach it, heartbeats passing do
+    /// not attach it again, and the first read that passes does.
+    @Test func aLogThatRefusesReadsDetachesTheHostUntilTheyPass() throws {
+        let redis = try RedisProcess()
+        let proxy = try RESPFaultProxy(target: redis.socketPath)
+        defer { proxy.stop() }
+        let host = try Self.host(redis, "h0", url: proxy.url)
+        let other = try Self.host(redis, "h1")
+        try Self.waitAttached([host, other])
+        let a = try host.connect()
+        let b = try other.connect()
+        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
+        proxy.refuse("XREAD", times: 1_000_000, with: "NOPERM this user has no permissions to run the xread command")
+        try waitUntil("host detached", timeout: 10) { try Self.state(a) == "detached" }
+        let refused = try a.request(#"{"op":"update","model":{"id":"A","v":2}}"#)
+        #expect(refused["error"]?["code"] == "unavailable", "\(refused.compactString)")
+        #expect(refused["error"]?["indeterminate"] == nil, "\(refused.compactString)")
+        #expect(refused["error"]?["message"]?.stringValue?.contains("refused reads") == true, "\(refused.compactString)")
+        #expect(refused["error"]?["message"]?.stringValue?.contains("NOPERM") == true, "\(refused.compactString)")
+        // Heartbeats pass all along; the host stays detached while reads are refused.
+        Thread.sleep(forTimeInterval: 1.5)
+        #expect(try Self.state(a) == "detached")
+        #expect(try a.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)
+        // Written by the other host meanwhile: this one reads it before it writes again.
+        #expect(try b.request(#"{"op":"update","model":{"id":"B","v":1}}"#)["seq"] == 2)
+        proxy.refuse("XREAD", times: 0, with: "")
+        try Self.waitAttached([host])
+        let written = try a.request(#"{"op":"update","model":{"id":"A","v":3}}"#)
+        #expect(written["seq"] == 3, "\(written.compactString)")
+        #expect(try a.request(#"{"op":"get","id":"B"}"#)["model"]?["v"] == 1)
+        #expect(try b.request(#"{"op":"get","id":"A","min_seq":3}"#)["model"]?["v"] == 3)
+    }
+
     /// Redis's script cache emptied under a running host (`SCRIPT FLUSH`, or
     /// a failover to a replica that never saw the script): the next append
     /// is refused `NOSCRIPT`, and the host loads the script again and sends
