@@ -722,6 +722,42 @@ struct ClusterTests {
         #expect(try b.request(#"{"op":"get","id":"A","min_seq":3}"#)["model"]?["v"] == 3)
     }
 
+    /// A host starting while Redis refuses what it needs to join a trimmed
+    /// log (its first entry, the snapshot's chunks, the reads after them:
+    /// `-LOADING` while Redis reads its files): each refused step is asked
+    /// again on the next tick, and the host joins once they pass, from the
+    /// snapshot and the log after it, holding what the other host holds.
+    @Test func aHostJoiningWhileTheLogRefusesItsStartJoinsOnceItAnswers() throws {
+        let redis = try RedisProcess()
+        let every = ["--cluster-snapshot-entries", "20"]
+        let first = try Self.host(redis, "h0", every)
+        try Self.waitAttached([first])
+        let a = try first.connect()
+        for i in 0..<70 {
+            #expect(try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)}}"#)["seq"] == .int(i + 1))
+        }
+        try waitUntil("the log to be trimmed") { (Int(try redis.cli(["XLEN", "concord:{t}:log"])) ?? 70) < 70 }
+        let proxy = try RESPFaultProxy(target: redis.socketPath)
+        defer { proxy.stop() }
+        let loading = "LOADING Redis is loading the dataset in memory"
+        for command in ["XRANGE", "MGET", "XREAD"] { proxy.refuse(command, times: 2, with: loading) }
+        let late = try Self.host(redis, "h1", every, url: proxy.url)
+        try Self.waitAttached([late])
+        #expect(proxy.refused.load(ordering: .relaxed) == 6)
+        let b = try late.connect()
+        var views: [String] = []
+        for c in [a, b] {
+            var all = ""
+            for i in 0..<7 { all += try c.request(#"{"op":"get","id":"E\#(i)","min_seq":70}"#).compactString }
+            views.append(all)
+        }
+        #expect(views[0] == views[1], "\(views)")
+        #expect(views[1].contains(#""i":69"#))
+        #expect(try b.request(#"{"op":"update","model":{"id":"B","v":1}}"#)["seq"] == 71)
+        let back = try a.request(#"{"op":"get","id":"B","min_seq":71}"#)
+        #expect(back["model"]?["v"] == 1, "\(back.compactString)")
+    }
+
     /// Redis's script cache emptied under a running host (`SCRIPT FLUSH`, or
     /// a failover to a replica that never saw the script): the next append
     /// is refused `NOSCRIPT`, and the host loads the script again and sends
