@@ -107,6 +107,10 @@ final class ClusterLink: ClusterLogLink {
         var payload: [UInt8]
         var firstQueued: Double
         var sent = false
+        /// An answer to it was lost (the connection went after it was
+        /// sent): that attempt may have gone in, so a later refusal does
+        /// not mean nothing was applied.
+        var answerLost = false
     }
 
     private enum Role: String {
@@ -878,6 +882,7 @@ final class ClusterLink: ClusterLogLink {
         guard let reply else {
             // The connection went: unknown outcome. Sent again on the next
             // connection (the script knows the token if it went in), until the timeout.
+            a.answerLost = true
             queue.append(a)
             return
         }
@@ -891,7 +896,10 @@ final class ClusterLink: ClusterLogLink {
                 return
             }
             logger.error("the cluster log refused an append", metadata: ["concord.reason": "\(message)"])
-            submit(.cluster(.appendFailed(refs: a.refs, indeterminate: false, reason: message)))
+            // Refused now; but an earlier attempt whose answer was lost may
+            // have gone in (a resend after a restart answered `-LOADING`):
+            // then the outcome is not known, and the token tells it.
+            submit(.cluster(.appendFailed(refs: a.refs, indeterminate: a.answerLost, reason: message)))
             return
         }
         // "ok" or "dup": in the log; the reader brings it back and the core answers then.

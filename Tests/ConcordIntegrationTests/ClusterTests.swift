@@ -758,6 +758,40 @@ struct ClusterTests {
         #expect(back["model"]?["v"] == 1, "\(back.compactString)")
     }
 
+    /// An append whose answer was lost (the connection cut after Redis ran
+    /// it) is sent again; when Redis refuses the resend (`-LOADING` after a
+    /// restart, `-OOM`), the first attempt may have gone in — here it did —
+    /// so the answer is `indeterminate`, never "nothing was applied", and
+    /// the same token then tells the outcome.
+    @Test func aRefusedResendOfAnAppendWhoseAnswerWasLostIsIndeterminate() throws {
+        let redis = try RedisProcess()
+        let proxy = try RESPFaultProxy(target: redis.socketPath)
+        defer { proxy.stop() }
+        let host = try Self.host(redis, "h0", url: proxy.url)
+        let other = try Self.host(redis, "h1")
+        try Self.waitAttached([host, other])
+        let a = try host.connect()
+        let b = try other.connect()
+        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
+        let loading = "LOADING Redis is loading the dataset in memory"
+        proxy.cutAfter("EVALSHA")  // the append runs; its answer never comes back
+        proxy.refuse("EVALSHA", times: 1, with: loading)  // the resend is refused
+        // Nor can the host read the entry back: the refused resend is its only news.
+        proxy.refuse("XREAD", times: 1_000_000, with: loading)
+        let r = try a.request(#"{"op":"update","model":{"id":"A","v":2},"token":"t2"}"#)
+        #expect(r["error"]?["code"] == "unavailable", "\(r.compactString)")
+        #expect(r["error"]?["indeterminate"] == true, "\(r.compactString)")
+        #expect(r["error"]?["message"]?.stringValue?.contains("LOADING") == true, "\(r.compactString)")
+        proxy.refuse("XREAD", times: 0, with: "")
+        // It went in: every host applies it, once.
+        let seen = try b.request(#"{"op":"get","id":"A","min_seq":2}"#)
+        #expect(seen["model"]?["v"] == 2 && seen["seq"] == 2, "\(seen.compactString)")
+        try Self.waitAttached([host])
+        let retried = try a.request(#"{"op":"update","model":{"id":"A","v":2},"token":"t2"}"#)
+        #expect(retried["seq"] == 2 && retried["duplicate"] == true, "\(retried.compactString)")
+        #expect(try a.request(#"{"op":"get","id":"A"}"#)["seq"] == 2)
+    }
+
     /// Redis's script cache emptied under a running host (`SCRIPT FLUSH`, or
     /// a failover to a replica that never saw the script): the next append
     /// is refused `NOSCRIPT`, and the host loads the script again and sends

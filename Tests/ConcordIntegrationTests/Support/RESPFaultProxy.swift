@@ -16,6 +16,8 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
     // Sendable: `refusals` is behind `lock`, as the base class's state is.
     /// Command name (upper case) → (how many more to refuse, the error).
     private var refusals: [String: (count: Int, error: String)] = [:]
+    /// Command names (upper case) armed to cut the connections after them.
+    private var cuts: [String: Int] = [:]
     /// Commands refused so far.
     let refused = Atomic<Int>(0)
 
@@ -32,6 +34,14 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
         lock.withLock { refusals[command.uppercased()] = (times, error) }
     }
 
+    /// The next command named `command` goes to Redis and runs, but its
+    /// answer is lost: the proxy drops Redis's replies on every connection
+    /// (what the command wakes on the others is lost too), waits for Redis
+    /// to have run it, and cuts every connection.
+    func cutAfter(_ command: String) {
+        lock.withLock { cuts[command.uppercased(), default: 0] += 1 }
+    }
+
     /// Client → Redis, command by command.
     override func pumpUp(client: Int32, server: Int32) {
         var pending: [UInt8] = []
@@ -43,12 +53,28 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
             while let (args, length) = Self.command(in: pending) {
                 var out = Array(pending[0..<length])
                 pending.removeFirst(length)
-                if let name = args.first.map({ String(decoding: $0, as: UTF8.self).uppercased() }), let error = takeRefusal(name) {
+                let name = args.first.map { String(decoding: $0, as: UTF8.self).uppercased() } ?? ""
+                if takeCut(name) {
+                    muteAll()
+                    _ = Self.sendAll(server, out[...])
+                    Thread.sleep(forTimeInterval: 0.1)  // Redis runs it; the answer is dropped
+                    cutAll()
+                    return
+                }
+                if let error = takeRefusal(name) {
                     out = Self.encode(["EVAL", "return redis.error_reply('\(error)')", "0"])
                     refused.add(1, ordering: .relaxed)
                 }
                 guard Self.sendAll(server, out[...]) else { return }
             }
+        }
+    }
+
+    private func takeCut(_ name: String) -> Bool {
+        lock.withLock {
+            guard let n = cuts[name], n > 0 else { return false }
+            cuts[name] = n - 1
+            return true
         }
     }
 

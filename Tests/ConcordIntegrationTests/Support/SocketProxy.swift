@@ -21,6 +21,8 @@ class SocketProxy: @unchecked Sendable {
     private let target: String
     private let listener: Int32
     private var open: [Int32] = []
+    /// Client connections whose server replies are dropped, not passed on.
+    private var muted: Set<Int32> = []
 
     init(target: String, suffix: String) throws {
         self.target = target
@@ -42,6 +44,13 @@ class SocketProxy: @unchecked Sendable {
 
     /// Client → server; returns when either side is done. Subclasses override.
     func pumpUp(client: Int32, server: Int32) {}
+
+    /// The server's replies on every client connection are dropped from
+    /// now on (commands still go through): answers lost on the way back,
+    /// until the connections are cut.
+    func muteAll() {
+        lock.withLock { muted.formUnion(open) }
+    }
 
     /// Cuts every client connection now; how many there were.
     @discardableResult
@@ -85,11 +94,16 @@ class SocketProxy: @unchecked Sendable {
         var buf = [UInt8](repeating: 0, count: 1 << 16)
         while true {
             let n = buf.withUnsafeMutableBytes { recv(server, $0.baseAddress, $0.count, 0) }
-            if n <= 0 || !Self.sendAll(client, buf[0..<n]) { break }
+            if n <= 0 { break }
+            if lock.withLock({ muted.contains(client) }) { continue }
+            if !Self.sendAll(client, buf[0..<n]) { break }
         }
         shutdown(client, Int32(SHUT_RDWR))
         close(server)
-        lock.withLock { open.removeAll { $0 == client } }
+        lock.withLock {
+            open.removeAll { $0 == client }
+            muted.remove(client)
+        }
         close(client)
     }
 
