@@ -179,6 +179,8 @@ final class ClusterLink: ClusterLogLink {
     /// reconnections: a host whose reads are refused cannot follow the
     /// order, so it detaches and does not attach again before one passes.
     private var readRefused: (since: Double, error: String)?
+    /// A `sync`'s head read was refused: asked again on the next tick.
+    private var headAgain = false
     private var queue: [Append] = []
     private var inFlight: [String: Append] = [:]
     private var nextToken = 0
@@ -387,6 +389,7 @@ final class ClusterLink: ClusterLogLink {
             resync()
         }
         if reader?.connected == true, readSentAt == nil { read() }
+        if headAgain { fetchHead() }
         expireAppends(now: now)
     }
 
@@ -439,11 +442,20 @@ final class ClusterLink: ClusterLogLink {
         }
     }
 
-    /// `sync`: the log's head offset, for the core.
+    /// `sync`: the log's head offset, for the core. Refused (`-LOADING`),
+    /// it is asked again on the next tick: the core asks once per wait, and
+    /// heartbeats ask again only when the head moves. (A lost connection
+    /// needs no retry: attaching again makes the core ask.)
     func fetchHead() {
         guard let ac = writer?.ac, writer?.connected == true else { return }
+        headAgain = false
         command(ac, ["HGET", metaKey, "offset"]) { [self] reply in
-            guard let reply, reply.pointee.type != REDIS_REPLY_ERROR else { return }
+            guard let reply else { return }
+            guard reply.pointee.type != REDIS_REPLY_ERROR else {
+                problem("reading the cluster log's head failed: \(Self.text(reply) ?? "?")")
+                headAgain = true
+                return
+            }
             submit(.cluster(.head(Int(Self.text(reply) ?? "0") ?? 0)))
         }
     }

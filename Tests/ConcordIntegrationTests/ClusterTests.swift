@@ -792,6 +792,23 @@ struct ClusterTests {
         #expect(try a.request(#"{"op":"get","id":"A"}"#)["seq"] == 2)
     }
 
+    /// `sync` reads the log's head after it arrives; when Redis refuses that
+    /// read (`-LOADING`), it is asked again on the next tick, not left to
+    /// the sync's timeout (heartbeats only ask again when the head moves).
+    @Test func aSyncWhoseHeadReadIsRefusedAsksAgain() throws {
+        let redis = try RedisProcess()
+        let proxy = try RESPFaultProxy(target: redis.socketPath)
+        defer { proxy.stop() }
+        let host = try Self.host(redis, "h0", url: proxy.url)
+        try Self.waitAttached([host])
+        let a = try host.connect()
+        #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
+        proxy.refuse("HGET", times: 2, with: "LOADING Redis is loading the dataset in memory")
+        let synced = try a.request(#"{"op":"sync","timeout_ms":3000}"#)
+        #expect(synced["ok"] == true && synced["seq"] == 1, "\(synced.compactString)")
+        #expect(proxy.refused.load(ordering: .relaxed) == 2)
+    }
+
     /// Redis's script cache emptied under a running host (`SCRIPT FLUSH`, or
     /// a failover to a replica that never saw the script): the next append
     /// is refused `NOSCRIPT`, and the host loads the script again and sends
