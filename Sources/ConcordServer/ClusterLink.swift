@@ -733,13 +733,23 @@ final class ClusterLink: ClusterLogLink {
 
     /// Drops the older snapshot, makes the new one the newest, and trims the
     /// log below the one that is now the older — only if this host still
-    /// holds the lease (a host that paused past it must not overwrite).
+    /// holds the lease (a host that paused past it must not overwrite) and
+    /// every chunk was stored (Redis refuses a chunk near its `maxmemory`:
+    /// a snapshot with missing chunks made the newest, twice in a row,
+    /// would leave a trimmed log no host can join); else its chunks go.
     static let finishSnapshotScript = """
         if redis.call('GET', KEYS[3]) ~= ARGV[1] then return redis.error_reply('CONCORD lost the snapshot lease') end
         local cur = redis.call('HMGET', KEYS[1], 'snap1_offset', 'snap1_id', 'snap1_chunks', 'snap1_len', 'snap1_sum', 'snap2_offset', 'snap2_chunks')
         if cur[1] and tonumber(cur[1]) >= tonumber(ARGV[2]) then
           redis.call('DEL', KEYS[3])
           return {'stale', '0'}
+        end
+        local stored = 0
+        for i = 0, tonumber(ARGV[4]) - 1 do stored = stored + redis.call('STRLEN', ARGV[7] .. ARGV[2] .. ':' .. i) end
+        if stored ~= tonumber(ARGV[5]) then
+          for i = 0, tonumber(ARGV[4]) - 1 do redis.call('DEL', ARGV[7] .. ARGV[2] .. ':' .. i) end
+          redis.call('DEL', KEYS[3])
+          return redis.error_reply('CONCORD the snapshot at ' .. ARGV[2] .. ' is missing chunks (' .. stored .. ' of ' .. ARGV[5] .. ' bytes stored): not made the newest')
         end
         if cur[6] then
           for i = 0, tonumber(cur[7]) - 1 do redis.call('DEL', ARGV[7] .. cur[6] .. ':' .. i) end

@@ -809,6 +809,46 @@ struct ClusterTests {
         #expect(proxy.refused.load(ordering: .relaxed) == 2)
     }
 
+    /// Snapshot chunks Redis refuses to store (`-OOM` near `maxmemory`):
+    /// the snapshot is not made the newest and the log is not trimmed for
+    /// it, so a host can still join; once Redis stores them, snapshots and
+    /// trimming resume. (Before, the finishing script rotated in a snapshot
+    /// with missing chunks and trimmed below the previous one; two such
+    /// snapshots in a row left a trimmed log with no usable snapshot, and
+    /// no host could join.)
+    @Test func snapshotChunksRedisRefusesAreNotMadeTheNewestSnapshot() throws {
+        let redis = try RedisProcess()
+        let proxy = try RESPFaultProxy(target: redis.socketPath)
+        defer { proxy.stop() }
+        let every = ["--cluster-snapshot-entries", "20"]
+        let first = try Self.host(redis, "h0", every, url: proxy.url)
+        try Self.waitAttached([first])
+        let a = try first.connect()
+        let oom = "OOM command not allowed when used memory > maxmemory."
+        proxy.refuse("SET", times: 1_000_000, with: oom, keyContaining: ":snap:")
+        for i in 0..<70 {
+            #expect(try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)}}"#)["seq"] == .int(i + 1))
+        }
+        // Three snapshot points passed, each refused.
+        try waitUntil("three snapshots refused") { proxy.refused.load(ordering: .relaxed) >= 3 }
+        Thread.sleep(forTimeInterval: 0.3)  // the last finishing script has run
+        #expect(try redis.cli(["HGET", "concord:{t}:meta", "snap1_offset"]).isEmpty)
+        #expect(try redis.cli(["XLEN", "concord:{t}:log"]) == "70")
+        let joined = try Self.host(redis, "h1", every)
+        try Self.waitAttached([joined])
+        let b = try joined.connect()
+        #expect(try b.request(#"{"op":"get","id":"E6","min_seq":70}"#)["model"]?["i"] == 69)
+        // Redis stores them again: the next snapshot point makes one, and trims.
+        proxy.refuse("SET", times: 0, with: oom)
+        for i in 70..<90 {
+            #expect(try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)}}"#)["seq"] == .int(i + 1))
+        }
+        try waitUntil("a snapshot stored and the log trimmed") { (Int(try redis.cli(["XLEN", "concord:{t}:log"])) ?? 90) < 90 }
+        let late = try Self.host(redis, "h2", every)
+        try Self.waitAttached([late])
+        #expect(try late.connect().request(#"{"op":"get","id":"E5","min_seq":90}"#)["model"]?["i"] == 89)
+    }
+
     /// Redis's script cache emptied under a running host (`SCRIPT FLUSH`, or
     /// a failover to a replica that never saw the script): the next append
     /// is refused `NOSCRIPT`, and the host loads the script again and sends

@@ -14,8 +14,9 @@ import Glibc
 /// commands around it. Replies pass through as bytes.
 final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
     // Sendable: `refusals` is behind `lock`, as the base class's state is.
-    /// Command name (upper case) → (how many more to refuse, the error).
-    private var refusals: [String: (count: Int, error: String)] = [:]
+    /// Command name (upper case) → (how many more to refuse, the error,
+    /// and a text its key must contain, if any).
+    private var refusals: [String: (count: Int, error: String, key: String?)] = [:]
     /// Command names (upper case) armed to cut the connections after them.
     private var cuts: [String: Int] = [:]
     /// Commands refused so far.
@@ -29,9 +30,11 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
 
     /// The next `times` commands named `command` (e.g. `SCRIPT`) are answered
     /// with `error` (e.g. `LOADING Redis is loading the dataset in memory`)
-    /// instead of being run.
-    func refuse(_ command: String, times: Int, with error: String) {
-        lock.withLock { refusals[command.uppercased()] = (times, error) }
+    /// instead of being run; with `keyContaining`, only those whose first
+    /// argument (the key) contains it (`SET` of a snapshot chunk, not of
+    /// the lease).
+    func refuse(_ command: String, times: Int, with error: String, keyContaining: String? = nil) {
+        lock.withLock { refusals[command.uppercased()] = (times, error, keyContaining) }
     }
 
     /// The next command named `command` goes to Redis and runs, but its
@@ -61,7 +64,7 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
                     cutAll()
                     return
                 }
-                if let error = takeRefusal(name) {
+                if let error = takeRefusal(name, key: args.count > 1 ? String(decoding: args[1], as: UTF8.self) : "") {
                     out = Self.encode(["EVAL", "return redis.error_reply('\(error)')", "0"])
                     refused.add(1, ordering: .relaxed)
                 }
@@ -78,10 +81,10 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
         }
     }
 
-    private func takeRefusal(_ name: String) -> String? {
+    private func takeRefusal(_ name: String, key: String) -> String? {
         lock.withLock {
-            guard let r = refusals[name], r.count > 0 else { return nil }
-            refusals[name] = (r.count - 1, r.error)
+            guard let r = refusals[name], r.count > 0, r.key.map({ key.contains($0) }) ?? true else { return nil }
+            refusals[name] = (r.count - 1, r.error, r.key)
             return r.error
         }
     }
