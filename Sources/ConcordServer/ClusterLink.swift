@@ -719,8 +719,11 @@ final class ClusterLink: ClusterLogLink {
             submit(.cluster(.digestMismatch(offset: offset, detail: "this host has \(sum), \(detail)")))
         }
         guard offset > snapshotOffset, !streamID.isEmpty else { return }
-        command(ac, ["SET", leaseKey, options.settings.origin, "NX", "PX", "60000"]) { [self] reply in
-            guard let reply, reply.pointee.type == REDIS_REPLY_STATUS else { return }  // another host writes this one
+        // The lease, unless another host holds it (this host's own, from an
+        // upload whose connection went, is taken again: else no snapshot
+        // for the lease's 60 s).
+        command(ac, ["EVAL", Self.leaseScript, "1", leaseKey, options.settings.origin, "60000"]) { [self] reply in
+            guard let reply, reply.pointee.type == REDIS_REPLY_INTEGER, reply.pointee.integer == 1 else { return }  // another host writes this one
             guard upload == nil else { return }  // one at a time; the lease expires unused
             // Megabytes of chunks must not queue ahead of the writer's heartbeat
             // and appends: the upload gets a connection of its own.
@@ -730,6 +733,18 @@ final class ClusterLink: ClusterLogLink {
     }
 
     private var leaseKey: String { "concord:{\(options.settings.name)}:snaplease" }
+
+    static let leaseScript = """
+        local v = redis.call('GET', KEYS[1])
+        if v and v ~= ARGV[1] then return 0 end
+        redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+        return 1
+        """
+
+    /// Milliseconds a snapshot chunk lives until the finishing script keeps
+    /// it: chunks of an upload that never finished (its connection went)
+    /// expire by themselves instead of staying in Redis for good.
+    static let unfinishedChunkTTL = "3600000"
 
     /// Drops the older snapshot, makes the new one the newest, and trims the
     /// log below the one that is now the older — only if this host still
@@ -741,6 +756,10 @@ final class ClusterLink: ClusterLogLink {
         if redis.call('GET', KEYS[3]) ~= ARGV[1] then return redis.error_reply('CONCORD lost the snapshot lease') end
         local cur = redis.call('HMGET', KEYS[1], 'snap1_offset', 'snap1_id', 'snap1_chunks', 'snap1_len', 'snap1_sum', 'snap2_offset', 'snap2_chunks')
         if cur[1] and tonumber(cur[1]) >= tonumber(ARGV[2]) then
+          if cur[1] == ARGV[2] or cur[6] == ARGV[2] then
+            -- This very snapshot, finished before (its answer was lost): the chunks just written are its.
+            for i = 0, tonumber(ARGV[4]) - 1 do redis.call('PERSIST', ARGV[7] .. ARGV[2] .. ':' .. i) end
+          end
           redis.call('DEL', KEYS[3])
           return {'stale', '0'}
         end
@@ -751,6 +770,7 @@ final class ClusterLink: ClusterLogLink {
           redis.call('DEL', KEYS[3])
           return redis.error_reply('CONCORD the snapshot at ' .. ARGV[2] .. ' is missing chunks (' .. stored .. ' of ' .. ARGV[5] .. ' bytes stored): not made the newest')
         end
+        for i = 0, tonumber(ARGV[4]) - 1 do redis.call('PERSIST', ARGV[7] .. ARGV[2] .. ':' .. i) end
         if cur[6] then
           for i = 0, tonumber(cur[7]) - 1 do redis.call('DEL', ARGV[7] .. cur[6] .. ':' .. i) end
         end
@@ -776,7 +796,7 @@ final class ClusterLink: ClusterLogLink {
         var failed = false
         for i in 0..<chunks {
             let part = Array(bytes[min(bytes.count, i * size)..<min(bytes.count, (i + 1) * size)])
-            command(ac, [Array("SET".utf8), Array("\(prefix)\(offset):\(i)".utf8), part]) { [self] reply in
+            command(ac, [Array("SET".utf8), Array("\(prefix)\(offset):\(i)".utf8), part, Array("PX".utf8), Array(Self.unfinishedChunkTTL.utf8)]) { [self] reply in
                 if reply == nil || reply!.pointee.type == REDIS_REPLY_ERROR {
                     if !failed { problem("uploading a cluster snapshot failed: \(reply.flatMap(Self.text) ?? "connection lost")") }
                     failed = true

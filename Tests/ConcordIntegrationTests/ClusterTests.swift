@@ -849,6 +849,37 @@ struct ClusterTests {
         #expect(try late.connect().request(#"{"op":"get","id":"E5","min_seq":90}"#)["model"]?["i"] == 89)
     }
 
+    /// An upload cut off before its finishing script (the connection lost
+    /// mid-snapshot) leaves chunks no snapshot names: they expire by
+    /// themselves (a snapshot is the whole state: each such leftover used
+    /// to stay in Redis for good), while a finished snapshot's chunks stay.
+    @Test func chunksOfAnUnfinishedSnapshotExpireAndAFinishedOnesStay() throws {
+        let redis = try RedisProcess()
+        let proxy = try RESPFaultProxy(target: redis.socketPath)
+        defer { proxy.stop() }
+        let every = ["--cluster-snapshot-entries", "20"]
+        let first = try Self.host(redis, "h0", every, url: proxy.url)
+        try Self.waitAttached([first])
+        let a = try first.connect()
+        proxy.cutAfter("SET", keyContaining: ":snap:")
+        for i in 0..<20 {
+            #expect(try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)}}"#)["seq"] == .int(i + 1))
+        }
+        try waitUntil("the first chunk stored") { try redis.cli(["EXISTS", "concord:{t}:snap:20:0"]) == "1" }
+        let leftover = Int(try redis.cli(["PTTL", "concord:{t}:snap:20:0"])) ?? -1
+        #expect(leftover > 0, "a chunk no snapshot names has no expiry (PTTL \(leftover))")
+        #expect(try redis.cli(["HGET", "concord:{t}:meta", "snap1_offset"]).isEmpty)
+        try Self.waitAttached([first])
+        for i in 20..<40 {
+            #expect(try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)}}"#)["seq"] == .int(i + 1))
+        }
+        try waitUntil("a snapshot stored") { try redis.cli(["HGET", "concord:{t}:meta", "snap1_offset"]) == "40" }
+        #expect(try redis.cli(["PTTL", "concord:{t}:snap:40:0"]) == "-1")
+        let joined = try Self.host(redis, "h1", every)
+        try Self.waitAttached([joined])
+        #expect(try joined.connect().request(#"{"op":"get","id":"E4","min_seq":40}"#)["model"]?["i"] == 39)
+    }
+
     /// Redis's script cache emptied under a running host (`SCRIPT FLUSH`, or
     /// a failover to a replica that never saw the script): the next append
     /// is refused `NOSCRIPT`, and the host loads the script again and sends

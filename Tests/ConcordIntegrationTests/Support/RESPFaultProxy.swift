@@ -17,8 +17,9 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
     /// Command name (upper case) → (how many more to refuse, the error,
     /// and a text its key must contain, if any).
     private var refusals: [String: (count: Int, error: String, key: String?)] = [:]
-    /// Command names (upper case) armed to cut the connections after them.
-    private var cuts: [String: Int] = [:]
+    /// Command names (upper case) armed to cut the connections after them,
+    /// with a text the key must contain, if any.
+    private var cuts: [String: (count: Int, key: String?)] = [:]
     /// Commands refused so far.
     let refused = Atomic<Int>(0)
 
@@ -40,9 +41,11 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
     /// The next command named `command` goes to Redis and runs, but its
     /// answer is lost: the proxy drops Redis's replies on every connection
     /// (what the command wakes on the others is lost too), waits for Redis
-    /// to have run it, and cuts every connection.
-    func cutAfter(_ command: String) {
-        lock.withLock { cuts[command.uppercased(), default: 0] += 1 }
+    /// to have run it, and cuts every connection (what the client sent
+    /// after it is never forwarded). With `keyContaining`, only a command
+    /// whose key contains it.
+    func cutAfter(_ command: String, keyContaining: String? = nil) {
+        lock.withLock { cuts[command.uppercased()] = ((cuts[command.uppercased()]?.count ?? 0) + 1, keyContaining) }
     }
 
     /// Client → Redis, command by command.
@@ -57,14 +60,15 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
                 var out = Array(pending[0..<length])
                 pending.removeFirst(length)
                 let name = args.first.map { String(decoding: $0, as: UTF8.self).uppercased() } ?? ""
-                if takeCut(name) {
+                let key = args.count > 1 ? String(decoding: args[1], as: UTF8.self) : ""
+                if takeCut(name, key: key) {
                     muteAll()
                     _ = Self.sendAll(server, out[...])
                     Thread.sleep(forTimeInterval: 0.1)  // Redis runs it; the answer is dropped
                     cutAll()
                     return
                 }
-                if let error = takeRefusal(name, key: args.count > 1 ? String(decoding: args[1], as: UTF8.self) : "") {
+                if let error = takeRefusal(name, key: key) {
                     out = Self.encode(["EVAL", "return redis.error_reply('\(error)')", "0"])
                     refused.add(1, ordering: .relaxed)
                 }
@@ -73,10 +77,10 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
         }
     }
 
-    private func takeCut(_ name: String) -> Bool {
+    private func takeCut(_ name: String, key: String) -> Bool {
         lock.withLock {
-            guard let n = cuts[name], n > 0 else { return false }
-            cuts[name] = n - 1
+            guard let c = cuts[name], c.count > 0, c.key.map({ key.contains($0) }) ?? true else { return false }
+            cuts[name] = (c.count - 1, c.key)
             return true
         }
     }
