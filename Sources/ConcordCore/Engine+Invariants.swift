@@ -179,6 +179,11 @@ extension Engine {
     public func invariantViolations() -> [String] {
         var problems = store.invariantViolations() + queryViolations()
         func note(_ s: String) { if problems.count < 40 { problems.append(s) } }
+        // The stored-depth bound, which the check after each mutation keeps
+        // without walking every value it writes (`Store.valueForDepthCheck`).
+        let limit = configuration.maxDepth - 1
+        for (id, rec) in store.entities where rec.value.nests(deeperThan: limit) { note("entity \(id) nests deeper than \(limit) levels") }
+        for (key, doc) in store.documents where doc.value.nests(deeperThan: limit) { note("document \(key) nests deeper than \(limit) levels") }
         var subs = 0
         // Closed connections whose subscriptions are still being ended count too.
         let sessions = Array(clients) + closingClients[closingHead...].compactMap { $0.map { ($0.id, $0) } }

@@ -45,10 +45,12 @@ final class EntityRecord {
 
     static let written: UInt64 = 1
     static let substituted: UInt64 = 2
-    /// Written with a value that is not a subtree of the request as it came
-    /// (a merge, repeated identities resolved, a pruning, a restore, a
-    /// load): only a record written without it is known to nest no deeper
-    /// than the request did.
+    /// Written with a value not known to nest within the stored-depth bound
+    /// (a merge that gives an object or array, repeated identities resolved,
+    /// a pruning, a restore, a load): only a record written without it is
+    /// known to, being a subtree of the request as it came (the parser
+    /// bounded the request's depth) or its stored value with scalar members
+    /// merged in (stored values are within the bound).
     static let reshaped: UInt64 = 4
     /// Written with other nested entities than it held before the mutation
     /// (or made anew in it: what it held before is not known here).
@@ -241,7 +243,8 @@ final class Store {
     /// The value of a record when the stored-depth check has to walk it;
     /// nil when it is known to be within the bound without a walk: written
     /// only with a subtree of its request as it came (the parser bounded the
-    /// request's depth, and the model sits at least one level inside it).
+    /// request's depth, and the model sits at least one level inside it),
+    /// or with scalars merged into its stored value (see `reshaped`).
     func valueForDepthCheck(_ rec: EntityRecord) -> JSON? {
         rec.mutationMark & ~EntityRecord.childrenChanged == mutationGeneration << EntityRecord.markBits | EntityRecord.written ? nil : rec.value
     }
@@ -523,9 +526,12 @@ final class Store {
         var force: Bool
         var key: String?
         var model: JSON
-        /// Every value is a subtree of `model` as it came: a replace whose
-        /// identities each occur once (none resolved, none merged).
-        var verbatim: Bool = false
+        /// Every value nests within the stored-depth bound without a walk:
+        /// each is a subtree of `model` as it came (a replace whose
+        /// identities each occur once: none resolved, none merged), or a
+        /// merge gives only scalars (each value is its stored one, within
+        /// the bound, with scalar members set: no deeper, or one level).
+        var withinDepth: Bool = false
     }
 
     /// Computes the new versions of an update's entities without writing them.
@@ -537,7 +543,7 @@ final class Store {
         // With each identity once, every nested occurrence already is its winner.
         let resolved = repeated ? tree.resolve(winners) : winners
         guard mode == .merge else {
-            return PreparedUpdate(values: resolved, partials: nil, mode: mode, force: force, key: key, model: model, verbatim: !repeated)
+            return PreparedUpdate(values: resolved, partials: nil, mode: mode, force: force, key: key, model: model, withinDepth: !repeated)
         }
         // Merge: members present in the update win, absent ones are kept from
         // the stored record; nested entities merge by identity on their own.
@@ -579,10 +585,11 @@ final class Store {
         // values hold no entity their records did not, and there is
         // nothing to search (the search's first pass walked each merged
         // value: ~800 instructions a date merge).
-        if givesAContainer(resolved), let (a, b) = findCycle(newValues: values) {
+        let givesContainers = givesAContainer(resolved)
+        if givesContainers, let (a, b) = findCycle(newValues: values) {
             throw ProtocolError(.badRequest, "merge would make entity '\(clipID(a))' contain itself through '\(clipID(b))'")
         }
-        return PreparedUpdate(values: values, partials: resolved, mode: mode, force: force, key: key, model: model)
+        return PreparedUpdate(values: values, partials: resolved, mode: mode, force: force, key: key, model: model, withinDepth: !givesContainers)
     }
 
     /// Whether some partial of a merge gives a member whose value is an
@@ -724,7 +731,7 @@ final class Store {
                 change.valueChanged.insert(id)
                 _ = created.insert(id)
             }
-            changed.append((id, setEntity(id, newValue, resident: resident, verbatim: u.verbatim)))
+            changed.append((id, setEntity(id, newValue, resident: resident, withinDepth: u.withinDepth)))
         }
         if !carriedAlong.isEmpty && !created.isEmpty { shareCarriedAlong(changed, u, carriedAlong, created) }
         // The update's own document is rewritten below: propagation need not refresh it first.
@@ -1133,14 +1140,15 @@ final class Store {
         touchedInThisMutation(rec) && rec.mutationMark & EntityRecord.written != 0
     }
 
-    /// `verbatim`: `value` is a subtree of the request as it came (see `EntityRecord.reshaped`).
+    /// `withinDepth`: `value` is known to nest within the stored-depth bound
+    /// (see `PreparedUpdate.withinDepth`, `EntityRecord.reshaped`).
     /// `resident`: the record under `id` when the caller has looked it up. Returns the record now resident.
     @discardableResult
-    private func setEntity(_ id: String, _ value: JSON, verbatim: Bool = false) -> EntityRecord {
-        setEntity(id, value, resident: entities[id], verbatim: verbatim)
+    private func setEntity(_ id: String, _ value: JSON, withinDepth: Bool = false) -> EntityRecord {
+        setEntity(id, value, resident: entities[id], withinDepth: withinDepth)
     }
 
-    private func setEntity(_ id: String, _ value: JSON, resident: EntityRecord?, verbatim: Bool) -> EntityRecord {
+    private func setEntity(_ id: String, _ value: JSON, resident: EntityRecord?, withinDepth: Bool) -> EntityRecord {
         var absentEntry = -1
         if let resident {
             keepBefore(resident)
@@ -1149,7 +1157,7 @@ final class Store {
             // Resident again (removed earlier in the mutation): the record keeps its entry.
             absentEntry = journaledAbsent.removeValue(forKey: id) ?? newAbsentEntry(id)
         }
-        let mark = verbatim ? EntityRecord.written : EntityRecord.written | EntityRecord.reshaped
+        let mark = withinDepth ? EntityRecord.written : EntityRecord.written | EntityRecord.reshaped
         if let rec = resident {
             if !writtenInThisMutation(rec) { writtenInMutation.append((id, rec)) }
             markMutation(rec, mark)

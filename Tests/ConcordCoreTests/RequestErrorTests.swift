@@ -80,6 +80,43 @@ struct RequestErrorTests {
         #expect(h.engine.store.invariantViolations().isEmpty)
     }
 
+    /// A merge that gives only scalars is within the bound without a walk
+    /// (its value is the stored one, within the bound, with scalar members
+    /// set); one that gives an object is walked; and a scalar merge of an
+    /// entity whose child grows in the same batch is still held to the
+    /// bound, in either order (the child's growth reaches it by substitution).
+    @Test func mergesAreHeldToTheBoundAndScalarMergesNeedNoWalk() {
+        var cfg = EngineConfiguration()
+        cfg.maxDepth = 10  // stored values: 9 levels at most
+        let h = EngineHarness(configuration: cfg)
+        let a = h.connect()
+        // P:1 at the bound: 9 levels.
+        a.ok(#"{"op":"update","model":{"id":"P:1","a":{"b":{"c":{"d":{"e":{"f":{"g":{"h":{"i":1}}}}}}}}}}"#)
+        #expect(h.engine.store.entity("P:1")?.height(cappedAt: 20) == 9)
+        a.ok(#"{"op":"update","mode":"merge","model":{"id":"P:1","n":1,"a":7}}"#)
+        #expect(h.engine.store.entity("P:1")?.height(cappedAt: 20) == 1)
+        a.ok(#"{"op":"update","model":{"id":"P:1","a":{"b":{"c":{"d":{"e":{"f":{"g":{"h":{"i":1}}}}}}}}}}"#)
+        a.ok(#"{"op":"update","mode":"merge","model":{"id":"P:1","n":2}}"#)
+        #expect(h.engine.store.entity("P:1")?.height(cappedAt: 20) == 9)
+        // A merge giving an object is walked: a shallow request holding
+        // P:1 (9 levels) one level down would store 10.
+        #expect(a.error(#"{"op":"update","mode":"merge","model":{"id":"P:3","z":{"id":"P:1"}}}"#) == "too_deep")
+        #expect(h.engine.store.entity("P:3") == nil)
+        // P:2 holds A:1 four levels down (P a b c d=A): 5 levels.
+        a.ok(#"{"op":"update","model":{"id":"P:2","a":{"b":{"c":{"d":{"id":"A:1","x":1}}}}}}"#)
+        #expect(h.engine.store.entity("P:2")?.height(cappedAt: 20) == 5)
+        // A:1 growing to 6 levels would take P:2 to 10: refused, with a scalar merge of P:2 in the batch before or after it.
+        let deeper = #"{"op":"update","model":{"id":"A:1","x":{"y":{"z":{"w":{"v":{"u":1}}}}}}}"#
+        let merge = #"{"op":"update","mode":"merge","model":{"id":"P:2","n":1}}"#
+        let seq = h.engine.seq
+        for ops in [[deeper, merge], [merge, deeper], [deeper]] {
+            #expect(a.error(#"{"op":"batch","ops":["# + ops.joined(separator: ",") + "]}") == "too_deep", "\(ops)")
+        }
+        #expect(h.engine.seq == seq)
+        #expect(h.engine.store.entity("P:2")?.height(cappedAt: 20) == 5)
+        #expect(h.engine.store.invariantViolations().isEmpty)
+    }
+
     @Test func subscriptionLimitAndDuplicateNames() {
         var cfg = EngineConfiguration()
         cfg.maxSubscriptionsPerConnection = 2
