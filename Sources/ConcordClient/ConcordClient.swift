@@ -209,6 +209,7 @@ public final class ConcordClient: @unchecked Sendable {
         let code = o["error"]?["code"]?.stringValue ?? "internal"
         let message = o["error"]?["message"]?.stringValue ?? ""
         var error = ConcordError(ConcordError.Code(code), message)
+        error.indeterminate = o["error"]?["indeterminate"] == .bool(true)
         if error.code == .conflict, let e = o["error"]?.objectValue {
             func names(_ k: String) -> [String] { e["conflicts"]?[k]?.arrayValue?.compactMap(\.stringValue) ?? [] }
             error.conflict = ConcordError.Conflict(seq: e["seq"]?.numberValue?.intValue ?? 0, entities: names("entities"),

@@ -17,6 +17,13 @@ public struct ConcordError: Error, Sendable, CustomStringConvertible, Equatable 
     public var message: String
     /// For `conflict` (a conditional write found what it writes changed, PROTOCOL §4.1): what changed.
     public var conflict: Conflict?
+    /// For `unavailable` from a cluster host (PROTOCOL §8): the host cannot
+    /// know whether the mutation reached the log. It may still be applied,
+    /// once, on every host — retry it with the same `token` to learn its
+    /// outcome (a duplicate answers with the original's seq). When false,
+    /// nothing was applied. (A `.disconnected` mutation's outcome is not
+    /// known either: the same retry tells it.)
+    public var indeterminate = false
 
     /// What a conditional write found changed since the seq it was based on.
     public struct Conflict: Sendable, Equatable {

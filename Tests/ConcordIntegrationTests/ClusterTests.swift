@@ -763,7 +763,7 @@ struct ClusterTests {
     /// restart, `-OOM`), the first attempt may have gone in — here it did —
     /// so the answer is `indeterminate`, never "nothing was applied", and
     /// the same token then tells the outcome.
-    @Test func aRefusedResendOfAnAppendWhoseAnswerWasLostIsIndeterminate() throws {
+    @Test func aRefusedResendOfAnAppendWhoseAnswerWasLostIsIndeterminate() async throws {
         let redis = try RedisProcess()
         let proxy = try RESPFaultProxy(target: redis.socketPath)
         defer { proxy.stop() }
@@ -790,6 +790,27 @@ struct ClusterTests {
         let retried = try a.request(#"{"op":"update","model":{"id":"A","v":2},"token":"t2"}"#)
         #expect(retried["seq"] == 2 && retried["duplicate"] == true, "\(retried.compactString)")
         #expect(try a.request(#"{"op":"get","id":"A"}"#)["seq"] == 2)
+        // The same through the SDK: the error says so, and the token's retry gives the seq.
+        let client = try await ConcordClient.connect(socketPath: host.socketPath)
+        defer { client.close() }
+        proxy.cutAfter("EVALSHA")
+        proxy.refuse("EVALSHA", times: 1, with: loading)
+        proxy.refuse("XREAD", times: 1_000_000, with: loading)
+        do {
+            _ = try await client.update(["id": "A", "v": 3], token: "t3")
+            Issue.record("a mutation whose answer was lost was answered as applied, with no read of the log")
+        } catch let e as ConcordError {
+            #expect(e.code == .unavailable && e.indeterminate, "\(e)")
+        }
+        proxy.refuse("XREAD", times: 0, with: "")
+        try Self.waitAttached([host])
+        #expect(try await client.update(["id": "A", "v": 3], token: "t3") == 3)
+        do {
+            _ = try await client.update(["id": "A", "v": 4], ifUnchangedSince: 1)
+            Issue.record("a conditional write over a change was applied")
+        } catch let e as ConcordError {
+            #expect(e.code == .conflict && !e.indeterminate, "\(e)")
+        }
     }
 
     /// `sync` reads the log's head after it arrives; when Redis refuses that
