@@ -36,7 +36,7 @@ test: deps
 # Longer randomized runs (see README, "Soak").
 soak: deps
 	swift build
-	CONCORD_SOAK=1 swift test --filter 'Stress|Robustness|killingHostsUnderLoad'
+	CONCORD_SOAK=1 swift test --filter 'Stress|Robustness|killingHostsUnderLoad|everyAnswerAHostGives'
 
 # The whole suite under ThreadSanitizer, then AddressSanitizer (README, "Sanitizers").
 # Workarounds built in: the executables export the sanitizer runtime's symbols
