@@ -1,5 +1,6 @@
 import ConcordJSON
 import ConcordTestServer
+import ConcordTestSupport
 import Foundation
 import Testing
 
@@ -20,19 +21,17 @@ struct ClusterFaultSoakTests {
         let seconds = ProcessInfo.processInfo.environment["CONCORD_SOAK"] == nil ? 6.0 : 60.0
         let seed = UInt64(ProcessInfo.processInfo.environment["CONCORD_FAULT_SEED"] ?? "") ?? UInt64.random(in: 1...1_000_000)
         print("cluster fault soak: seed \(seed), \(seconds) s")
-        var rng = SplitMix(seed)
-        let redis = try RedisProcess()
-        let proxy = try RESPFaultProxy(target: redis.socketPath)
-        defer { proxy.stop() }
-        let faulty = try ClusterTests.host(redis, "h0", url: proxy.url)
-        let other = try ClusterTests.host(redis, "h1")
-        try ClusterTests.waitAttached([faulty, other])
+        var rng = SeededRandom(seed: seed)
+        let pair = try ClusterTests.proxiedPair()
+        defer { pair.proxy.stop() }
+        let (proxy, faulty, other) = (pair.proxy, pair.hosts[0], pair.hosts[1])
 
         enum Answer { case applied(Int), notApplied, indeterminate, none }
         let answers = LockedList<(Int, Answer, String)>()
         let stop = Flag()
         let done = DispatchSemaphore(value: 0)
         let writer = try WireClient(path: faulty.socketPath, timeout: 30)
+        let pause = UInt32(max(5_000, seconds * 1e6 / 2_000))
         Thread {
             var i = 0
             while !stop.isSet {
@@ -51,9 +50,9 @@ struct ClusterFaultSoakTests {
                     answers.append((i, .none, r.compactString))
                 }
                 i += 1
-                // Paced: the hosts run their internal checks, which walk the
-                // whole state after every mutation.
-                usleep(5_000)
+                // Paced, ~2,000 writes at most: the hosts run their internal
+                // checks, which walk the whole state after every mutation.
+                usleep(pause)
             }
             done.signal()
         }.start()
@@ -84,7 +83,7 @@ struct ClusterFaultSoakTests {
         #expect(done.wait(timeout: .now() + 60) == .success, "the writer never got its last answer")
         // An armed cut left over may still fire once; the hosts attach again after it.
         try ClusterTests.waitAttached([faulty, other])
-        let a = try faulty.connect(), b = try other.connect()
+        let (a, b) = (pair.a, pair.b)
         for c in [a, b] { #expect(try c.request(#"{"op":"sync","timeout_ms":20000}"#)["ok"] == true) }
 
         let all = answers.all
@@ -119,20 +118,5 @@ struct ClusterFaultSoakTests {
         }
         #expect(views[0] == views[1])
         #expect(!views[0].contains("absent"))
-    }
-}
-
-private extension ClusterFaultSoakTests {
-    /// A small seeded generator (SplitMix64): the same seed, the same faults.
-    struct SplitMix {
-        var state: UInt64
-        init(_ seed: UInt64) { state = seed }
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
     }
 }

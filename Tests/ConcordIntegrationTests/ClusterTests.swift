@@ -130,6 +130,24 @@ struct ClusterTests {
         let b: WireClient
     }
 
+    /// Two hosts attached, the first through a RESP fault proxy (its
+    /// `proxy`; the caller stops it), and a connection to each.
+    struct ProxiedPair {
+        let redis: RedisProcess
+        let proxy: RESPFaultProxy
+        let hosts: [ServerProcess]
+        let a: WireClient
+        let b: WireClient
+    }
+
+    static func proxiedPair() throws -> ProxiedPair {
+        let redis = try RedisProcess()
+        let proxy = try RESPFaultProxy(target: redis.socketPath)
+        let hosts = [try Self.host(redis, "h0", url: proxy.url), try Self.host(redis, "h1")]
+        try Self.waitAttached(hosts)
+        return ProxiedPair(redis: redis, proxy: proxy, hosts: hosts, a: try hosts[0].connect(), b: try hosts[1].connect())
+    }
+
     static func twoAttachedHosts() throws -> TwoHosts {
         let redis = try RedisProcess()
         let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
@@ -692,14 +710,9 @@ struct ClusterTests {
     /// Reads refused for the loss deadline detach it, heartbeats passing do
     /// not attach it again, and the first read that passes does.
     @Test func aLogThatRefusesReadsDetachesTheHostUntilTheyPass() throws {
-        let redis = try RedisProcess()
-        let proxy = try RESPFaultProxy(target: redis.socketPath)
-        defer { proxy.stop() }
-        let host = try Self.host(redis, "h0", url: proxy.url)
-        let other = try Self.host(redis, "h1")
-        try Self.waitAttached([host, other])
-        let a = try host.connect()
-        let b = try other.connect()
+        let pair = try Self.proxiedPair()
+        defer { pair.proxy.stop() }
+        let (proxy, host, a, b) = (pair.proxy, pair.hosts[0], pair.a, pair.b)
         #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
         proxy.refuse("XREAD", times: 1_000_000, with: "NOPERM this user has no permissions to run the xread command")
         try waitUntil("host detached", timeout: 10) { try Self.state(a) == "detached" }
@@ -764,14 +777,9 @@ struct ClusterTests {
     /// so the answer is `indeterminate`, never "nothing was applied", and
     /// the same token then tells the outcome.
     @Test func aRefusedResendOfAnAppendWhoseAnswerWasLostIsIndeterminate() async throws {
-        let redis = try RedisProcess()
-        let proxy = try RESPFaultProxy(target: redis.socketPath)
-        defer { proxy.stop() }
-        let host = try Self.host(redis, "h0", url: proxy.url)
-        let other = try Self.host(redis, "h1")
-        try Self.waitAttached([host, other])
-        let a = try host.connect()
-        let b = try other.connect()
+        let pair = try Self.proxiedPair()
+        defer { pair.proxy.stop() }
+        let (proxy, host, a, b) = (pair.proxy, pair.hosts[0], pair.a, pair.b)
         #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
         let loading = "LOADING Redis is loading the dataset in memory"
         proxy.cutAfter("EVALSHA")  // the append runs; its answer never comes back
