@@ -142,6 +142,8 @@ final class Sequencer: @unchecked Sendable {
         var parsing = false
         var preparsed: Engine.ParsedLine?
         var queued: Bool { head < frames.count }
+        /// The turn in which it last got a line, or began to wait for one.
+        var servedInTurn = 0
         init(id: ConnectionID, flow: ConnectionFlow) {
             self.id = id
             self.flow = flow
@@ -155,6 +157,11 @@ final class Sequencer: @unchecked Sendable {
     private var newcomerRound = false
     /// Whether a round of the current turn already ran.
     private var handledInTurn = false
+    /// Turns begun (wrapping); a lane's age is counted in them.
+    private var turnNumber = 0
+    /// A lane that got no line in this many turns goes first in the next
+    /// turn's first round (``promoteStarved()``).
+    static let starvedAfterTurns = 4
     /// Lanes with lines, in the order they got them (round-robin order).
     private var ready: [Lane] = []
     /// A turn's lists, kept between turns: emptied after each, their
@@ -282,6 +289,7 @@ final class Sequencer: @unchecked Sendable {
             // budget keeps a small request's wait short under a flood.
             var taken = false
             handledInTurn = false
+            turnNumber &+= 1
             let started = monotonicSeconds()
             // The log first: what every host applies, in log order, within the turn's budget.
             if logHead < logQueue.count { applyLog(until: started + turnBudget) }
@@ -397,6 +405,7 @@ final class Sequencer: @unchecked Sendable {
             guard let lane = lanes[id] else { return }
             if !lane.queued {
                 if newcomer { newcomers.append(lane) } else { ready.append(lane) }
+                lane.servedInTurn = turnNumber
             }
             // An empty lane takes the read's list as it is (no copy of its
             // frames), and its own emptied list goes back to the loop for a read.
@@ -535,6 +544,7 @@ final class Sequencer: @unchecked Sendable {
             lanesThisRound = handledInTurn ? newcomers.count : ready.count
             newcomers.drain()
         }
+        if !handledInTurn { promoteStarved() }
         guard !ready.isEmpty else { return false }
         let arrivalsAtStart = arrivals.load(ordering: .relaxed)
         // The turn's lists are the sequencer's, emptied after each turn with
@@ -548,7 +558,12 @@ final class Sequencer: @unchecked Sendable {
         var preparsed: [(index: Int, parsed: Engine.ParsedLine)] = []
         var preparsedLanes: [Int: Engine.ParsedLine] = [:]
         var bytesTaken = 0
-        for lane in ready[..<lanesThisRound] where lane.queued && !lane.parsing && !engine.isWaiting(lane.id) {
+        for lane in ready[..<lanesThisRound] where lane.queued {
+            // Not starved while its head line is parsed elsewhere or it waits (a `min_seq`).
+            guard !lane.parsing && !engine.isWaiting(lane.id) else {
+                lane.servedInTurn = turnNumber
+                continue
+            }
             var end = min(lane.frames.count, lane.head + linesPerTurn)
             let headParsed = lane.preparsed
             if let p = headParsed {
@@ -636,6 +651,7 @@ final class Sequencer: @unchecked Sendable {
                     break outer
                 }
                 handled += 1
+                lane.servedInTurn = turnNumber
                 switch slice[i] {
                 case .line:
                     if next >= parsedEnd { parseMore(lists.lines, &lists.parsed, end: &parsedEnd, chunk: &chunk) }
@@ -704,6 +720,26 @@ final class Sequencer: @unchecked Sendable {
             if first > 0 { ready = Array(ready[first...] + ready[..<first]) }
         }
         return true
+    }
+
+    /// Lanes that got no line in ``starvedAfterTurns`` turns move to the
+    /// front, the longest-waiting first, ahead of the newcomers. Newcomers
+    /// go first for latency, and a turn ends when its budget is spent; when
+    /// newcomers alone fill every turn's budget (requests that each cost
+    /// more than the budget over their number, or a slow machine), the
+    /// lanes behind them — a pipelining writer, and newcomers of an earlier
+    /// turn pushed back by later ones — got nothing for ever (found under
+    /// ThreadSanitizer: a writer with no answer in 60 s, and requests with
+    /// none in 10 s). With this each waits at most a few turns.
+    private func promoteStarved() {
+        let now = turnNumber
+        guard ready.count > 1, ready.contains(where: { now &- $0.servedInTurn >= Self.starvedAfterTurns }) else { return }
+        var starved: [Lane] = [], rest: [Lane] = []
+        for lane in ready {
+            if now &- lane.servedInTurn >= Self.starvedAfterTurns { starved.append(lane) } else { rest.append(lane) }
+        }
+        starved.sort { now &- $0.servedInTurn > now &- $1.servedInTurn }
+        ready = starved + rest
     }
 
     /// Parses the next chunk of the turn's lines (a chunk ahead of the one
