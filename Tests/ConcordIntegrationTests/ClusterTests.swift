@@ -121,38 +121,34 @@ struct ClusterTests {
                           directory: directory, environment: internalChecks)
     }
 
-    /// A Redis, two hosts on it attached, and a connection to each. Held
-    /// together: the processes live as long as the value is used.
-    struct TwoHosts {
+    /// A Redis, hosts on it attached — the first through a RESP fault proxy
+    /// when asked (`proxy`; the caller stops it) — and a connection to
+    /// each. Held together: the processes live as long as the value is used.
+    struct Hosts {
         let redis: RedisProcess
+        let proxy: RESPFaultProxy?
         let hosts: [ServerProcess]
-        let a: WireClient
-        let b: WireClient
+        let clients: [WireClient]
+        var a: WireClient { clients[0] }
+        var b: WireClient { clients[1] }
     }
 
-    /// Two hosts attached, the first through a RESP fault proxy (its
-    /// `proxy`; the caller stops it), and a connection to each.
-    struct ProxiedPair {
-        let redis: RedisProcess
-        let proxy: RESPFaultProxy
-        let hosts: [ServerProcess]
-        let a: WireClient
-        let b: WireClient
+    /// Once the host behind `a` says `detached`, a write of A is refused as
+    /// not applied (nothing was sent); its answer.
+    static func refusedOnceDetached(_ a: WireClient) throws -> JSON {
+        try waitUntil("host detached", timeout: 10) { try Self.state(a) == "detached" }
+        let refused = try a.request(#"{"op":"update","model":{"id":"A","v":2}}"#)
+        #expect(refused["error"]?["code"] == "unavailable", "\(refused.compactString)")
+        #expect(refused["error"]?["indeterminate"] == nil, "\(refused.compactString)")
+        return refused
     }
 
-    static func proxiedPair() throws -> ProxiedPair {
+    static func attachedHosts(_ count: Int = 2, proxyingTheFirst: Bool = false, options: [String] = []) throws -> Hosts {
         let redis = try RedisProcess()
-        let proxy = try RESPFaultProxy(target: redis.socketPath)
-        let hosts = [try Self.host(redis, "h0", url: proxy.url), try Self.host(redis, "h1")]
+        let proxy = proxyingTheFirst ? try RESPFaultProxy(target: redis.socketPath) : nil
+        let hosts = try (0..<count).map { i in try Self.host(redis, "h\(i)", options, url: i == 0 ? proxy?.url : nil) }
         try Self.waitAttached(hosts)
-        return ProxiedPair(redis: redis, proxy: proxy, hosts: hosts, a: try hosts[0].connect(), b: try hosts[1].connect())
-    }
-
-    static func twoAttachedHosts() throws -> TwoHosts {
-        let redis = try RedisProcess()
-        let hosts = try (0..<2).map { try Self.host(redis, "h\($0)") }
-        try Self.waitAttached(hosts)
-        return TwoHosts(redis: redis, hosts: hosts, a: try hosts[0].connect(), b: try hosts[1].connect())
+        return Hosts(redis: redis, proxy: proxy, hosts: hosts, clients: try hosts.map { try $0.connect() })
     }
 
     static func state(_ c: WireClient) throws -> String? { try c.request(#"{"op":"ping"}"#)["cluster"]?["state"]?.stringValue }
@@ -682,20 +678,14 @@ struct ClusterTests {
     /// refuses writes as not applied, serves reads, and attaches again once
     /// the heartbeats pass; writes then resume.
     @Test func aLogThatRefusesHeartbeatsIsLostUntilTheyPass() throws {
-        let redis = try RedisProcess()
-        let proxy = try RESPFaultProxy(target: redis.socketPath)
-        defer { proxy.stop() }
-        let host = try Self.host(redis, "h0", url: proxy.url)
-        try Self.waitAttached([host])
-        let a = try host.connect()
+        let p = try Self.attachedHosts(1, proxyingTheFirst: true)
+        let (proxy, host, a) = (p.proxy!, p.hosts[0], p.a)
+        defer { proxy.stop(); withExtendedLifetime(p) {} }
         #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
         // Four refused heartbeats: a refused one stays outstanding, so each
         // costs the loss deadline (0.75 s) and a reconnection — ~3 s detached.
         proxy.refuse("HMGET", times: 4, with: "LOADING Redis is loading the dataset in memory")
-        try waitUntil("host detached", timeout: 10) { try Self.state(a) == "detached" }
-        let refused = try a.request(#"{"op":"update","model":{"id":"A","v":2}}"#)
-        #expect(refused["error"]?["code"] == "unavailable", "\(refused.compactString)")
-        #expect(refused["error"]?["indeterminate"] == nil, "\(refused.compactString)")
+        let refused = try Self.refusedOnceDetached(a)
         #expect(try a.request(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)
         try Self.waitAttached([host])
         #expect(proxy.refused.load(ordering: .relaxed) == 4)
@@ -710,15 +700,12 @@ struct ClusterTests {
     /// Reads refused for the loss deadline detach it, heartbeats passing do
     /// not attach it again, and the first read that passes does.
     @Test func aLogThatRefusesReadsDetachesTheHostUntilTheyPass() throws {
-        let pair = try Self.proxiedPair()
-        defer { pair.proxy.stop() }
-        let (proxy, host, a, b) = (pair.proxy, pair.hosts[0], pair.a, pair.b)
+        let pair = try Self.attachedHosts(proxyingTheFirst: true)
+        let (proxy, host, a, b) = (pair.proxy!, pair.hosts[0], pair.a, pair.b)
+        defer { proxy.stop(); withExtendedLifetime(pair) {} }
         #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
         proxy.refuse("XREAD", times: 1_000_000, with: "NOPERM this user has no permissions to run the xread command")
-        try waitUntil("host detached", timeout: 10) { try Self.state(a) == "detached" }
-        let refused = try a.request(#"{"op":"update","model":{"id":"A","v":2}}"#)
-        #expect(refused["error"]?["code"] == "unavailable", "\(refused.compactString)")
-        #expect(refused["error"]?["indeterminate"] == nil, "\(refused.compactString)")
+        let refused = try Self.refusedOnceDetached(a)
         #expect(refused["error"]?["message"]?.stringValue?.contains("refused reads") == true, "\(refused.compactString)")
         #expect(refused["error"]?["message"]?.stringValue?.contains("NOPERM") == true, "\(refused.compactString)")
         // Heartbeats pass all along; the host stays detached while reads are refused.
@@ -777,9 +764,9 @@ struct ClusterTests {
     /// so the answer is `indeterminate`, never "nothing was applied", and
     /// the same token then tells the outcome.
     @Test func aRefusedResendOfAnAppendWhoseAnswerWasLostIsIndeterminate() async throws {
-        let pair = try Self.proxiedPair()
-        defer { pair.proxy.stop() }
-        let (proxy, host, a, b) = (pair.proxy, pair.hosts[0], pair.a, pair.b)
+        let pair = try Self.attachedHosts(proxyingTheFirst: true)
+        let (proxy, host, a, b) = (pair.proxy!, pair.hosts[0], pair.a, pair.b)
+        defer { proxy.stop(); withExtendedLifetime(pair) {} }
         #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
         let loading = "LOADING Redis is loading the dataset in memory"
         proxy.cutAfter("EVALSHA")  // the append runs; its answer never comes back
@@ -825,12 +812,9 @@ struct ClusterTests {
     /// read (`-LOADING`), it is asked again on the next tick, not left to
     /// the sync's timeout (heartbeats only ask again when the head moves).
     @Test func aSyncWhoseHeadReadIsRefusedAsksAgain() throws {
-        let redis = try RedisProcess()
-        let proxy = try RESPFaultProxy(target: redis.socketPath)
-        defer { proxy.stop() }
-        let host = try Self.host(redis, "h0", url: proxy.url)
-        try Self.waitAttached([host])
-        let a = try host.connect()
+        let p = try Self.attachedHosts(1, proxyingTheFirst: true)
+        let (proxy, a) = (p.proxy!, p.a)
+        defer { proxy.stop(); withExtendedLifetime(p) {} }
         #expect(try a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
         proxy.refuse("HGET", times: 2, with: "LOADING Redis is loading the dataset in memory")
         let synced = try a.request(#"{"op":"sync","timeout_ms":3000}"#)
@@ -846,13 +830,10 @@ struct ClusterTests {
     /// snapshots in a row left a trimmed log with no usable snapshot, and
     /// no host could join.)
     @Test func snapshotChunksRedisRefusesAreNotMadeTheNewestSnapshot() throws {
-        let redis = try RedisProcess()
-        let proxy = try RESPFaultProxy(target: redis.socketPath)
-        defer { proxy.stop() }
         let every = ["--cluster-snapshot-entries", "20"]
-        let first = try Self.host(redis, "h0", every, url: proxy.url)
-        try Self.waitAttached([first])
-        let a = try first.connect()
+        let p = try Self.attachedHosts(1, proxyingTheFirst: true, options: every)
+        let (redis, proxy, first, a) = (p.redis, p.proxy!, p.hosts[0], p.a)
+        defer { proxy.stop(); withExtendedLifetime(p) {} }
         let oom = "OOM command not allowed when used memory > maxmemory."
         proxy.refuse("SET", times: 1_000_000, with: oom, keyContaining: ":snap:")
         for i in 0..<70 {
@@ -883,13 +864,10 @@ struct ClusterTests {
     /// themselves (a snapshot is the whole state: each such leftover used
     /// to stay in Redis for good), while a finished snapshot's chunks stay.
     @Test func chunksOfAnUnfinishedSnapshotExpireAndAFinishedOnesStay() throws {
-        let redis = try RedisProcess()
-        let proxy = try RESPFaultProxy(target: redis.socketPath)
-        defer { proxy.stop() }
         let every = ["--cluster-snapshot-entries", "20"]
-        let first = try Self.host(redis, "h0", every, url: proxy.url)
-        try Self.waitAttached([first])
-        let a = try first.connect()
+        let p = try Self.attachedHosts(1, proxyingTheFirst: true, options: every)
+        let (redis, proxy, first, a) = (p.redis, p.proxy!, p.hosts[0], p.a)
+        defer { proxy.stop(); withExtendedLifetime(p) {} }
         proxy.cutAfter("SET", keyContaining: ":snap:")
         for i in 0..<20 {
             #expect(try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)}}"#)["seq"] == .int(i + 1))
@@ -898,9 +876,18 @@ struct ClusterTests {
         let leftover = Int(try redis.cli(["PTTL", "concord:{t}:snap:20:0"])) ?? -1
         #expect(leftover > 0, "a chunk no snapshot names has no expiry (PTTL \(leftover))")
         #expect(try redis.cli(["HGET", "concord:{t}:meta", "snap1_offset"]).isEmpty)
+        // The cut comes 0.1 s after the chunk is stored, and the host may not
+        // have seen it yet when it says `attached`: a write refused in that
+        // window is sent again with its token.
+        try waitUntil("the connections cut") { proxy.cutsMade.load(ordering: .relaxed) == 1 }
         try Self.waitAttached([first])
         for i in 20..<40 {
-            #expect(try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)}}"#)["seq"] == .int(i + 1))
+            var r = JSON.null
+            try waitUntil("write \(i) applied") {
+                r = try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)},"token":"w\#(i)"}"#)
+                return r["error"]?["code"] != "unavailable"
+            }
+            #expect(r["seq"] == .int(i + 1), "\(r.compactString)")
         }
         try waitUntil("a snapshot stored") { try redis.cli(["HGET", "concord:{t}:meta", "snap1_offset"]) == "40" }
         #expect(try redis.cli(["PTTL", "concord:{t}:snap:40:0"]) == "-1")
@@ -914,7 +901,7 @@ struct ClusterTests {
     /// is refused `NOSCRIPT`, and the host loads the script again and sends
     /// the same entry — applied once, with nothing for the client to see.
     @Test func aFlushedScriptCacheIsLoadedAgainAndTheAppendGoesThrough() throws {
-        let c = try Self.twoAttachedHosts()
+        let c = try Self.attachedHosts()
         #expect(try c.a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
         #expect(try c.redis.cli(["SCRIPT", "FLUSH"]) == "OK")
         let r = try c.a.request(#"{"op":"update","model":{"id":"A","v":2}}"#)
@@ -932,7 +919,7 @@ struct ClusterTests {
     /// reads go on; once Redis has room again, writes resume, and every
     /// host holds exactly what was acknowledged.
     @Test func aLogOutOfMemoryRefusesWritesCleanlyAndTheyResumeAfterIt() throws {
-        let c = try Self.twoAttachedHosts()
+        let c = try Self.attachedHosts()
         #expect(try c.a.request(#"{"op":"update","model":{"id":"A","v":1}}"#)["seq"] == 1)
         #expect(try c.redis.cli(["CONFIG", "SET", "maxmemory", "1"]) == "OK")
         let refused = try c.a.request(#"{"op":"update","model":{"id":"A","v":2},"token":"t2"}"#)

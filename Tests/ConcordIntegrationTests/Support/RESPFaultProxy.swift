@@ -22,6 +22,8 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
     private var cuts: [String: (count: Int, key: String?)] = [:]
     /// Commands refused so far.
     let refused = Atomic<Int>(0)
+    /// Armed cuts made so far (counted once the connections are cut).
+    let cutsMade = Atomic<Int>(0)
 
     var url: String { "unix://" + path }
 
@@ -48,6 +50,14 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
         lock.withLock { cuts[command.uppercased()] = ((cuts[command.uppercased()]?.count ?? 0) + 1, keyContaining) }
     }
 
+    /// No more faults: every armed refusal and cut is dropped.
+    func calm() {
+        lock.withLock {
+            refusals = [:]
+            cuts = [:]
+        }
+    }
+
     /// Client → Redis, command by command.
     override func pumpUp(client: Int32, server: Int32) {
         var pending: [UInt8] = []
@@ -66,6 +76,7 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
                     _ = Self.sendAll(server, out[...])
                     Thread.sleep(forTimeInterval: 0.1)  // Redis runs it; the answer is dropped
                     cutAll()
+                    cutsMade.add(1, ordering: .relaxed)
                     return
                 }
                 if let error = takeRefusal(name, key: key) {
