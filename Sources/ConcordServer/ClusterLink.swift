@@ -753,27 +753,27 @@ final class ClusterLink: ClusterLogLink {
     /// a snapshot with missing chunks made the newest, twice in a row,
     /// would leave a trimmed log no host can join); else its chunks go.
     static let finishSnapshotScript = """
+        local function chunks(offset, count, command)
+          local sum = 0
+          for i = 0, tonumber(count) - 1 do sum = sum + redis.call(command, ARGV[7] .. offset .. ':' .. i) end
+          return sum
+        end
         if redis.call('GET', KEYS[3]) ~= ARGV[1] then return redis.error_reply('CONCORD lost the snapshot lease') end
         local cur = redis.call('HMGET', KEYS[1], 'snap1_offset', 'snap1_id', 'snap1_chunks', 'snap1_len', 'snap1_sum', 'snap2_offset', 'snap2_chunks')
         if cur[1] and tonumber(cur[1]) >= tonumber(ARGV[2]) then
-          if cur[1] == ARGV[2] or cur[6] == ARGV[2] then
-            -- This very snapshot, finished before (its answer was lost): the chunks just written are its.
-            for i = 0, tonumber(ARGV[4]) - 1 do redis.call('PERSIST', ARGV[7] .. ARGV[2] .. ':' .. i) end
-          end
+          -- This very snapshot, finished before (its answer was lost): the chunks just written are its.
+          if cur[1] == ARGV[2] or cur[6] == ARGV[2] then chunks(ARGV[2], ARGV[4], 'PERSIST') end
           redis.call('DEL', KEYS[3])
           return {'stale', '0'}
         end
-        local stored = 0
-        for i = 0, tonumber(ARGV[4]) - 1 do stored = stored + redis.call('STRLEN', ARGV[7] .. ARGV[2] .. ':' .. i) end
+        local stored = chunks(ARGV[2], ARGV[4], 'STRLEN')
         if stored ~= tonumber(ARGV[5]) then
-          for i = 0, tonumber(ARGV[4]) - 1 do redis.call('DEL', ARGV[7] .. ARGV[2] .. ':' .. i) end
+          chunks(ARGV[2], ARGV[4], 'DEL')
           redis.call('DEL', KEYS[3])
           return redis.error_reply('CONCORD the snapshot at ' .. ARGV[2] .. ' is missing chunks (' .. stored .. ' of ' .. ARGV[5] .. ' bytes stored): not made the newest')
         end
-        for i = 0, tonumber(ARGV[4]) - 1 do redis.call('PERSIST', ARGV[7] .. ARGV[2] .. ':' .. i) end
-        if cur[6] then
-          for i = 0, tonumber(cur[7]) - 1 do redis.call('DEL', ARGV[7] .. cur[6] .. ':' .. i) end
-        end
+        chunks(ARGV[2], ARGV[4], 'PERSIST')
+        if cur[6] then chunks(cur[6], cur[7], 'DEL') end
         if cur[1] then
           redis.call('HSET', KEYS[1], 'snap2_offset', cur[1], 'snap2_id', cur[2], 'snap2_chunks', cur[3], 'snap2_len', cur[4], 'snap2_sum', cur[5])
         end
