@@ -50,13 +50,16 @@ extension Engine {
                 opsScratch = ops
             }
         }
-        for (i, op) in ops.enumerated() {
-            guard let o = op.origin else { continue }
-            guard let s = c.subs[o] else {
-                if fromLog { continue }
-                throw ProtocolError(.noSuchSub, "ops[\(i)]: origin '\(clipID(o))' is not a live subscription of this connection")
+        // A single op carries no origin of its own (its options' was looked at above).
+        if isBatch {
+            for i in ops.indices {
+                guard let o = ops[i].origin else { continue }
+                guard let s = c.subs[o] else {
+                    if fromLog { continue }
+                    throw ProtocolError(.noSuchSub, "ops[\(i)]: origin '\(clipID(o))' is not a live subscription of this connection")
+                }
+                origins.insert(ObjectIdentifier(s))
             }
-            origins.insert(ObjectIdentifier(s))
         }
 
         var effects = effectsScratch
@@ -79,9 +82,10 @@ extension Engine {
         store.trackRecordChanges = !feeds.isEmpty
         var index = 0
         do throws(ProtocolError) {
-            for (i, op) in ops.enumerated() {
+            // By index: a loop over the pairs copied each (its mutation and origin) and destroyed the copy.
+            for i in ops.indices {
                 index = i
-                switch op.0 {
+                switch ops[i].0 {
                 case .update(let model, let key, let mode, let force):
                     let prepared = try store.prepareUpdate(model: model, key: key, mode: mode, force: force)
                     if ops.count == 1 { store.apply(prepared, into: &change) } else { change.formUnion(store.apply(prepared)) }
