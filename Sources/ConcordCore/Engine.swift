@@ -713,6 +713,7 @@ public final class Engine {
             w.raw("}")
             w.key("memory"); w.value(memory)
             w.key("cache"); w.value(cache)
+            if let p = executor.statsJSON { w.key("parallel"); w.value(p) }
             if let cl = cluster { writeClusterStatus(&w, cl) }
             if listClients { w.raw(list) }
             if prometheus { w.key("prometheus"); w.string(prometheusText) }

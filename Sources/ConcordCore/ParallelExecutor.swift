@@ -1,3 +1,5 @@
+public import ConcordJSON
+
 /// Runs independent work items, possibly in parallel, and returns when all
 /// are done. The core calls it with items that touch disjoint state.
 public protocol ParallelExecutor: AnyObject {
@@ -6,6 +8,13 @@ public protocol ParallelExecutor: AnyObject {
     /// Calls `body(i)` once for every `i` in `0..<count`, and returns when all are done.
     /// (`body` is escaping only so it can be handed to other threads; it is not kept.)
     func forEach(_ count: Int, _ body: @escaping (Int) -> Void)
+    /// What `stats` shows of it (`parallel`), nil for none; called on the
+    /// thread that calls `forEach`.
+    var statsJSON: JSON? { get }
+}
+
+extension ParallelExecutor {
+    public var statsJSON: JSON? { nil }
 }
 
 /// Runs everything on the caller's thread (tests, `--threads 1`).
