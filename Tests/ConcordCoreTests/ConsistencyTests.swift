@@ -257,6 +257,27 @@ struct ConsistencyTests {
         #expect(a.error(#"{"op":"update","model":{"id":"A"},"origin":"nope"}"#) == "no_such_sub")
     }
 
+    /// §4 batch: each op's own `origin` is honoured like the batch's, and an
+    /// op naming a subscription the sender does not have refuses the whole
+    /// batch with a message starting `ops[i]`, applying nothing.
+    @Test func eachOpsOwnOriginInABatchIsHonouredAndChecked() {
+        let h = EngineHarness()
+        let a = h.connect()
+        let b = h.connect()
+        a.ok(#"{"op":"subscribe","sub":"mine","model":{"id":"A","v":0}}"#)
+        a.ok(#"{"op":"subscribe","sub":"other","model":{"id":"B","v":0}}"#)
+        b.ok(#"{"op":"subscribe","sub":"theirs","model":{"id":"A","v":0}}"#)
+        a.ok(#"{"op":"batch","ops":[{"op":"update","model":{"id":"A","v":1},"origin":"mine"},{"op":"update","model":{"id":"B","v":1}}]}"#)
+        // The writer's own view of A is told nothing; its view of B is.
+        #expect(a.take().map { $0["sub"] } == ["other"])
+        #expect(b.take().map { $0["model"]?["v"] } == [1])
+        let r = a.send(#"{"op":"batch","ops":[{"op":"update","model":{"id":"A","v":2}},{"op":"update","model":{"id":"B","v":2},"origin":"nope"}]}"#)
+        #expect(r["error"]?["code"] == "no_such_sub")
+        #expect(r["error"]?["message"]?.stringValue?.hasPrefix("ops[1]: origin 'nope'") == true)
+        #expect(a.take().isEmpty && b.take().isEmpty)
+        #expect(a.send(#"{"op":"get","id":"A"}"#)["model"]?["v"] == 1)
+    }
+
     @Test func keyDocumentsStayCurrentAndEndOnDelete() {
         let h = EngineHarness()
         let a = h.connect()
