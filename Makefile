@@ -5,7 +5,7 @@ APT_PACKAGES := libuv1-dev libjemalloc-dev libsqlite3-dev libhiredis-dev redis-s
 SOCKET ?= $(CONCORD_SOCKET)
 SWIFT_TEST_FLAGS ?=
 
-.PHONY: docs run test build release deps clean soak bench bench-full bench-deps bench-core bench-instructions sanitize sanitize-thread sanitize-address fuzz
+.PHONY: docs run test build release deps clean soak bench bench-full bench-deps bench-core bench-instructions profile-update callgrind-deps sanitize sanitize-thread sanitize-address fuzz
 
 # Installs the Debian packages the build needs when one is missing.
 deps:
@@ -85,9 +85,7 @@ bench-core: deps
 # debug info; a row that measured nothing fails the target. First the whole
 # server process next to the whole redis-server (1 / 10 / 100 subscribers),
 # then the engine alone.
-bench-instructions: release
-	@dpkg -s redis-server >/dev/null 2>&1 || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get install -y redis-server || { $$SUDO apt-get update && $$SUDO apt-get install -y redis-server; }; }
+bench-instructions: release callgrind-deps
 	python3 scripts/instructions-vs-redis.py .build/release/concord-server /usr/bin/redis-server
 	objcopy --strip-debug .build/release/concord-load .build/release/concord-load.nodebug
 	@for k in "none 1 20000" "key 1 20000" "key 100 2000"; do set -- $$k; \
@@ -95,6 +93,20 @@ bench-instructions: release
 			|| { echo "valgrind failed on $$1 x $$2:"; tail -5 .build/callgrind.$$1.$$2.log; exit 1; }; \
 		callgrind_annotate --inclusive=yes .build/callgrind.$$1.$$2 | grep -E "Engine(C10handleLine_4from|C10takeOutputSay)" \
 		| awk -v n=$$3 -v k="$$1 x $$2" '{gsub(",","",$$1); s+=$$1} END { if (s == 0) { printf "%s: measured nothing (no Engine.handleLine in the profile)\n", k; exit 1 } printf "%s: %.0f instructions per update (Engine.handleLine + takeOutput, inclusive, setup lines included)\n", k, s/n }' || exit 1; done
+
+# valgrind (callgrind) and redis-server, for the instruction counts.
+callgrind-deps:
+	@missing=""; for p in valgrind redis-server; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y $$missing || { $$SUDO apt-get update && $$SUDO apt-get install -y $$missing; }; \
+	fi
+
+# Where one update's instructions go (whole server, callgrind): the path by
+# phase and the highest self costs. PROFILE_ARGS: e.g. --subs 10,
+# --callers swift_retain, --callees "Store.apply(", --keep DIR.
+profile-update: release callgrind-deps
+	python3 scripts/profile-update.py .build/release/concord-server $(PROFILE_ARGS)
 
 # The SDK's documentation (DocC catalog Sources/ConcordClient/ConcordClient.docc), as a static site.
 docs: deps

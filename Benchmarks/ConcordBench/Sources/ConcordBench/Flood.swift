@@ -6,7 +6,18 @@ import Glibc
 #endif
 
 /// Server CPU time (user + system) from /proc, in seconds.
+/// A process's CPU time, user and system, every thread: from its CPU-time
+/// clock (`clock_getcpuclockid`), the scheduler's own count in nanoseconds.
+/// /proc's utime and stime are sampled at the timer tick (10 ms here), and
+/// a paced workload (a request every 2 ms, a writer that sleeps between
+/// windows) can meet the tick in step: those figures moved by ~10 % between
+/// runs where this clock did not. /proc is the fallback.
 func cpuSeconds(_ pid: Int32) -> Double {
+    var clock = clockid_t()
+    var t = timespec()
+    if clock_getcpuclockid(pid, &clock) == 0, clock_gettime(clock, &t) == 0 {
+        return Double(t.tv_sec) + Double(t.tv_nsec) / 1e9
+    }
     guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
           let close = text.lastIndex(of: ")") else { return 0 }
     // Fields after the command name: state is field 3; utime and stime are 14 and 15.

@@ -46,7 +46,7 @@ let dir = NSTemporaryDirectory() + "concord-bench-\(getpid())"
 try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
 
 nonisolated(unsafe) var step = 0
-let totalSteps = 23
+let totalSteps = 24
 /// Announces a scenario; false when `--only` excludes it.
 @discardableResult
 func progress(_ what: String) -> Bool {
@@ -200,6 +200,32 @@ do {
                      String(format: "%.0f / %.0f / %.0f", cl.p50, cl.p99, cl.p999),
                      String(format: "%.0f / %.0f / %.0f", rl.p50, rl.p99, rl.p999),
                      String(format: "p99 %.2f", cl.p99 / max(rl.p99, 1))))
+    }
+
+    // 3b. Requests that arrive alone, one every 2 ms, each answered before
+    // the next: the server's CPU per request, the wake-ups included (the
+    // floor of every row whose requests arrive one by one). A ping costs the
+    // engine almost nothing; an update of the 227-byte document with no
+    // subscriber (Redis: PUBLISH of it to a channel nobody reads).
+    if progress("requests arriving alone, one every 2 ms: server CPU per request") {
+        let n = options.full ? 5000 : 1500
+        let doc = #"{"id":"Doc:1","title":"A document of about two hundred bytes","n":"00000001","author":{"id":"Person:1","name":"Ann"},"tags":["a","b","c"],"body":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#
+        let publish = "*3\r\n$7\r\nPUBLISH\r\n$2\r\nch\r\n$\(doc.utf8.count)\r\n\(doc)\r\n"
+        for (label, key, concordRequest, redisRequest) in [
+            ("ping / PING", "ping", #"{"op":"ping"}"# + "\n", "PING\r\n"),
+            ("update, no subscriber / PUBLISH, none", "update", #"{"op":"update","key":"k","model":"# + doc + "}\n", publish),
+        ] {
+            let (cp, c) = try concord()
+            let cu = try aloneCPU(server: cp, socket: c.socket, request: concordRequest, count: n, gap: 0.002)
+            cp.stop()
+            let (rp, r) = try redis()
+            let ru = try aloneCPU(server: rp, socket: r.socket, request: redisRequest, count: n, gap: 0.002)
+            rp.stop()
+            results["alone_\(key)_cpu_us"] = cu
+            results["redis_alone_\(key)_cpu_us"] = ru
+            rows.append(("a request alone every 2 ms, \(label) (server CPU µs per request)", String(format: "%.1f", cu),
+                         String(format: "%.1f", ru), String(format: "%.2f", cu / max(ru, 0.001))))
+        }
     }
 
     // 4. Memory per subscription.
