@@ -221,8 +221,8 @@ do {
             let (rp, r) = try redis()
             let ru = try aloneCPU(server: rp, socket: r.socket, request: redisRequest, count: n, gap: 0.002)
             rp.stop()
-            results["alone_\(key)_cpu_us"] = cu
-            results["redis_alone_\(key)_cpu_us"] = ru
+            results["one_by_one_\(key)_cpu_us"] = cu
+            results["redis_one_by_one_\(key)_cpu_us"] = ru
             rows.append(("a request alone every 2 ms, \(label) (server CPU µs per request)", String(format: "%.1f", cu),
                          String(format: "%.1f", ru), String(format: "%.2f", cu / max(ru, 0.001))))
         }
