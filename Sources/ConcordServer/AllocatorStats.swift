@@ -41,8 +41,15 @@ final class ServerStatsSource: EngineStatsSource {
     let metrics: ServerMetrics
     init(metrics: ServerMetrics) { self.metrics = metrics }
     func prometheusText(_ figures: EngineFigures) -> String {
-        String(decoding: metrics.exposition(figures, cache: cacheStats()), as: UTF8.self)
+        String(decoding: exposition(figures), as: UTF8.self)
     }
+    /// The registry in Prometheus's text format (`--metrics` scrapes, `stats` with `prometheus`).
+    func exposition(_ figures: EngineFigures) -> [UInt8] {
+        let p = pool?.policy
+        return metrics.exposition(figures, cache: cacheStats(), parallel: (p?.spread ?? 0, p?.keptInline ?? 0, p?.paid ?? 0))
+    }
+    /// The sequencer's worker pool (its policy is read on the sequencer's thread, as this is).
+    weak var pool: WorkerPool?
     /// Set when a cache backend is attached.
     var storage: StorageThread?
     func memoryStats() -> JSON { AllocatorStats.json() }

@@ -198,6 +198,7 @@ final class Sequencer: @unchecked Sendable {
         engine = Engine(configuration: configuration.engine, executor: pool)
         metrics = ServerMetrics()
         statsSource = ServerStatsSource(metrics: metrics)
+        statsSource.pool = pool
         engine.statsSource = statsSource
         engine.clock = { monotonicSeconds() }
         if let cluster = configuration.cluster { engine.enableCluster(cluster.settings) }
@@ -419,7 +420,7 @@ final class Sequencer: @unchecked Sendable {
             for _ in 0..<frames.count { lane.readAt.append(readAt) }
         case .metrics(let token):
             // Straight to the loop: a scrape never waits behind held (sync) output.
-            let text = metrics.exposition(engine.figures, cache: statsSource.cacheStats())
+            let text = statsSource.exposition(engine.figures)
             bridge.post(Delivery(outputs: [], drained: false, inputTaken: false, metrics: [(token, text)]))
         case .drained(let id, let episode):
             engine.outputDrained(id, episode: episode)

@@ -61,6 +61,11 @@ final class ServerMetrics: Sendable {
     /// sequencer, exported as `concord_newcomer_rounds_total`.
     let newcomerRounds = Atomic<Int>(0)
     private let newcomerRoundsCounter: CoreMetrics.Counter
+    /// The worker pool's steps: spread or kept inline by its policy, and
+    /// the spread ones that paid (`stats.parallel`; WorkerPool, `ParallelPolicy`).
+    private let parallelSpread: CoreMetrics.Counter
+    private let parallelInline: CoreMetrics.Counter
+    private let parallelPaid: CoreMetrics.Counter
 
     /// Latency observations a turn contributes at most (the oldest lines of the turn first).
     static let latencySamplesPerTurn = 64
@@ -90,6 +95,9 @@ final class ServerMetrics: Sendable {
         coalescedEvents = Counter(label: "concord_coalesced_events_total", factory: f)
         coalescingEpisodes = Counter(label: "concord_coalescing_episodes_total", factory: f)
         newcomerRoundsCounter = Counter(label: "concord_newcomer_rounds_total", factory: f)
+        parallelSpread = Counter(label: "concord_parallel_steps_total", dimensions: [("how", "spread")], factory: f)
+        parallelInline = Counter(label: "concord_parallel_steps_total", dimensions: [("how", "inline")], factory: f)
+        parallelPaid = Counter(label: "concord_parallel_steps_paid_total", factory: f)
         connections = CoreMetrics.Gauge(label: "concord_connections", factory: f)
         connectionsCoalescing = CoreMetrics.Gauge(label: "concord_connections_coalescing", factory: f)
         unsentBytes = CoreMetrics.Gauge(label: "concord_unsent_bytes", factory: f)
@@ -110,13 +118,15 @@ final class ServerMetrics: Sendable {
     /// Copies the core's figures, the allocator's and the backend's into the
     /// instruments and returns the whole registry in Prometheus's text format
     /// (version 0.0.4).
-    func exposition(_ figures: EngineFigures, cache: JSON) -> [UInt8] {
+    /// `parallel`: the worker pool's steps so far (spread, kept inline, paid).
+    func exposition(_ figures: EngineFigures, cache: JSON, parallel: (spread: Int, keptInline: Int, paid: Int)) -> [UInt8] {
         let refused = forbidden.load(ordering: .relaxed)
         let errorTotals = figures.errors.map { $0.code == ErrorCode.forbidden.rawValue ? $0.count + refused : $0.count }
         let totals = figures.requests.map(\.count) + errorTotals
             + [figures.responses, figures.events, figures.coalescedEvents, figures.coalescingEpisodes,
-               newcomerRounds.load(ordering: .relaxed)]
-        let counters = requests + errors + [responses, events, coalescedEvents, coalescingEpisodes, newcomerRoundsCounter]
+               newcomerRounds.load(ordering: .relaxed), parallel.spread, parallel.keptInline, parallel.paid]
+        let counters = requests + errors + [responses, events, coalescedEvents, coalescingEpisodes, newcomerRoundsCounter,
+                                            parallelSpread, parallelInline, parallelPaid]
         state.withLock { s in
             if s.exported.count != totals.count { s.exported = [Int](repeating: 0, count: totals.count) }
             for i in totals.indices where totals[i] > s.exported[i] {

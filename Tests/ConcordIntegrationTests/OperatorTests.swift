@@ -293,6 +293,45 @@ struct OperatorTests {
     }
 }
 
+extension OperatorTests {
+    /// The worker pool's steps — spread, or kept inline because spreading
+    /// had not paid lately — are in `stats.parallel` and in the metrics, and
+    /// the two agree. Each update of an entity 20 model views show is one
+    /// step of 20 items (over `--parallel-threshold 8`); pings and single
+    /// lines are no step at all.
+    @Test func theWorkerPoolsStepsAreInStatsAndMetrics() throws {
+        let server = try ServerProcess(arguments: ["--threads", "2", "--parallel-threshold", "8"])
+        let viewer = try server.connect()
+        for i in 0..<20 { try viewer.request(#"{"op":"subscribe","sub":"m\#(i)","model":{"id":"E:1","v":0}}"#) }
+        let writer = try server.connect()
+        for v in 1...50 { #expect(try writer.request(#"{"op":"update","model":{"id":"E:1","v":\#(v)}}"#)["ok"] == true) }
+        let r = try writer.request(#"{"op":"stats","prometheus":true}"#)
+        let p = r["parallel"]
+        #expect(p?["threads"] == 2 && p?["threshold"] == 8)
+        func int(_ j: JSON?) -> Int { j?.numberValue?.intValue ?? -1 }
+        let spread = int(p?["spread"]), kept = int(p?["kept_inline"]), paid = int(p?["paid"])
+        #expect(spread + kept == 50, "steps: \(spread) spread, \(kept) kept inline")
+        #expect(spread >= 1 && paid >= 0 && paid <= spread)
+        let prom = r["prometheus"]?.stringValue ?? ""
+        #expect(Self.sample(prom, #"concord_parallel_steps_total{how="spread"}"#) == Double(spread))
+        #expect(Self.sample(prom, #"concord_parallel_steps_total{how="inline"}"#) == Double(kept))
+        #expect(Self.sample(prom, "concord_parallel_steps_paid_total") == Double(paid))
+        // Whatever the pool did, every view got every update, in order.
+        var last = 0
+        var events = 0
+        viewer.setTimeout(5)
+        while events < 20 * 50, let e = try viewer.readJSON() {
+            guard e["event"] == "update" else { continue }
+            let v = int(e["model"]?["v"])
+            #expect(v >= last)
+            last = v
+            events += 1
+        }
+        #expect(events == 20 * 50 && last == 50)
+        #expect(server.stop() == 0)
+    }
+}
+
 extension JSON {
     static func parse(_ text: String) throws -> JSON { try JSONParser().parse(text) }
 }
