@@ -88,14 +88,14 @@ struct ParallelPolicyTests {
     /// not, and `stats` shows the policy's counts.
     @Test func thePoolRunsEveryItemOnceAndShowsItsCounts() {
         let pool = WorkerPool(threads: 2, inlineBelow: 8)
-        final class Slots: @unchecked Sendable {
-            // Sendable: each item writes its own slot; read after forEach returns.
-            var hits = [Int](repeating: 0, count: 64)
-        }
+        // Each item writes its own slot of memory the step owns (as the
+        // render step's results do): no access to a shared array value.
+        let hits = UnsafeMutableBufferPointer<Int>.allocate(capacity: 64)
+        defer { hits.deallocate() }
         for _ in 0..<50 {
-            let slots = Slots()
-            pool.forEach(64) { i in slots.hits[i] += 1 }
-            #expect(slots.hits == [Int](repeating: 1, count: 64))
+            hits.initialize(repeating: 0)
+            pool.forEach(64) { i in hits[i] += 1 }
+            #expect(Array(hits) == [Int](repeating: 1, count: 64))
         }
         pool.forEach(4) { _ in }  // below the threshold: inline, not counted
         let stats = pool.statsJSON
