@@ -48,8 +48,11 @@ final class ServerStatsSource: EngineStatsSource {
         let p = pool?.policy
         return metrics.exposition(figures, cache: cacheStats(), parallel: (p?.spread ?? 0, p?.keptInline ?? 0, p?.paid ?? 0))
     }
-    /// The sequencer's worker pool (its policy is read on the sequencer's thread, as this is).
-    weak var pool: WorkerPool?
+    /// The sequencer's worker pool (its policy is read on the sequencer's
+    /// thread, as this is). Strong: the pool lives as long as the server, its
+    /// threads never end, and a weak reference's side table was reported by
+    /// LeakSanitizer as leaked at exit.
+    var pool: WorkerPool?
     /// Set when a cache backend is attached.
     var storage: StorageThread?
     func memoryStats() -> JSON { AllocatorStats.json() }
