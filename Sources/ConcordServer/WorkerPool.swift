@@ -160,14 +160,8 @@ struct ParallelPolicy {
     /// What a spread step measured: its `items`, the `callerItems` the
     /// calling thread ran in `callerBusy` seconds, and its whole time `took`.
     mutating func record(items: Int, callerItems: Int, callerBusy: Double, took: Double) {
-        // The caller ran nothing (the workers took every chunk first): it paid.
-        guard callerItems > 0 else {
-            paid += 1
-            backoff = 1
-            return
-        }
-        let inline = callerBusy / Double(callerItems) * Double(items)
-        if took < inline * 0.9 {
+        // A caller that ran nothing (the workers took every chunk first) paid.
+        if callerItems == 0 || took < callerBusy / Double(callerItems) * Double(items) * 0.9 {
             paid += 1
             backoff = 1
         } else {
