@@ -458,12 +458,20 @@ extension Engine {
     /// backend) happened before it was appended.
     /// Returns its outcome: `ok SEQ` or the error code.
     private func applyLogged(_ parsed: ParsedLine, _ c: ClientSession) -> String {
-        guard let value = parsed.json, let request = try? Request.decode(value, idKey: configuration.idKey) else {
+        guard let request = parsed.decoded ?? parsed.json.flatMap({ try? Request.decode($0, idKey: configuration.idKey) }) else {
             // Appended only after decoding: a line that does not decode is another engine version's.
             if c !== cluster?.sink { respondError(c, rid: .null, ProtocolError(.internal, "a log entry did not decode on this host")) }
             return "undecodable"
         }
         requestsByOp[request.op.metricIndex] += 1
+        // An update's model sent as the log line holds it (as `process` does).
+        if case .update(let u, let line) = parsed, let range = u.modelRange, case .object(let m) = u.model {
+            verbatimModel = (VerbatimModel(line: line, range: range), m.members)
+        }
+        defer {
+            verbatimModel = nil
+            if verbatimShared != nil { verbatimShared = nil }
+        }
         do {
             try dispatch(request, c, fromLog: true)
             return "ok \(seq)"

@@ -362,12 +362,19 @@ public final class Engine {
         /// prepared (the engine does not decode it again). One reference, so
         /// that the common case above is passed around no larger.
         case prepared(PreparedRequest)
+        /// An `update` read from its line's bytes (``UpdateLine``: the
+        /// common write, without the request object's tree); `line` keeps
+        /// the bytes its model may be sent as.
+        case update(UpdateLine, line: ArraySlice<UInt8>)
         case failure(ProtocolError)
 
         /// The request, when it came decoded (a long line).
         var decoded: Request? {
-            if case .prepared(let p) = self { return p.request }
-            return nil
+            switch self {
+            case .prepared(let p): return p.request
+            case .update(let u, _): return u.request
+            default: return nil
+            }
         }
 
         /// The line's JSON, when it parsed.
@@ -375,6 +382,7 @@ public final class Engine {
             switch self {
             case .value(let v, _): return v
             case .prepared(let p): return p.value
+            case .update(let u, _): return u.json
             case .failure: return nil
             }
         }
@@ -392,6 +400,7 @@ public final class Engine {
     /// ``parse(_:parser:decodeWith:)`` of a line the framer found (a slice
     /// of its read's shared array).
     public static func parse(_ line: ArraySlice<UInt8>, parser: JSONParser, decodeWith idKey: String? = nil) -> ParsedLine {
+        if let u = line.withUnsafeBufferPointer({ UpdateLine.read($0, parser: parser) }) { return .update(u, line: line) }
         do {
             let (value, range) = try line.withUnsafeBufferPointer { (b) throws(JSONParseError) in try parser.parse(b, verbatimMember: "model") }
             let model = range.map { VerbatimModel(line: line, range: $0) }
@@ -442,7 +451,7 @@ public final class Engine {
         c.requests += 1
         // Events held back before this request are written before its response (§6.6).
         if !c.coalesced.isEmpty { flushCoalesced(c) }
-        let value: JSON
+        var value: JSON
         let request: Request
         switch parsed {
         case .failure(let e):
@@ -464,6 +473,11 @@ public final class Engine {
             value = p.value
             prepared = p
             if let model = p.model, case .object(let r) = p.value, case .object(let m)? = r["model"] { verbatimModel = (model, m.members) }
+        case .update(let u, let line):
+            request = u.request
+            // The request object is built only for the cluster log's append.
+            value = .null
+            if let range = u.modelRange, case .object(let m) = u.model { verbatimModel = (VerbatimModel(line: line, range: range), m.members) }
         }
         defer {
             verbatimModel = nil
@@ -478,6 +492,7 @@ public final class Engine {
         c.rerunAfterSync = false
         if let cl = cluster {
             if goesThroughLog(request) {
+                if case .update(let u, _) = parsed { value = u.json }
                 do {
                     try appendToLog(request, value, c, cl)
                 } catch {

@@ -77,3 +77,28 @@ extension MutationOptions {
         if let token { object["token"] = .string(token) }
     }
 }
+
+extension Request {
+    /// Every decoded part of the request written out in one fixed order
+    /// (a mutation as its ``Mutation/requestObject()``): two requests are
+    /// the same request when these texts are equal. For tests, fuzz targets
+    /// and logs; not a wire form.
+    public var decodedText: String {
+        var o = JSONObject()
+        o["rid"] = rid
+        if case .mutation(let m, let options) = op {
+            o["mutation"] = .object(m.requestObject())
+            var opts = JSONObject()
+            options.encode(into: &opts)
+            o["options"] = .object(opts)
+        } else {
+            o["op"] = .string("\(op)")
+        }
+        if let since { o["since"] = .int(since) }
+        if let minSeq { o["min_seq"] = .int(minSeq) }
+        if let timeoutMs { o["timeout_ms"] = .int(timeoutMs) }
+        var w = JSONWriter()
+        w.value(.object(o))
+        return String(decoding: w.bytes, as: UTF8.self)
+    }
+}
