@@ -12,8 +12,14 @@
 #     "swift_retain" or "Store.apply(").
 # valgrind 3.19 cannot read the DWARF 5 of Swift 6.3 binaries: the server runs
 # from a copy made with `objcopy --strip-debug` (its symbol table stays).
+# With --lines FILE (a path under Sources/, e.g. ConcordJSON/JSONParser.swift)
+# it builds the server again with DWARF 4 debug info (.build-dwarf4/, which
+# valgrind reads), runs that copy, and also prints FILE's lines with their
+# cost per update (inlined code is counted where it was inlined from, when
+# the compiler kept the line; the rest is the file's "unidentified lines").
 #   usage: scripts/profile-update.py [CONCORD_SERVER] [--subs 1] [-n 2000] [--top 40]
 #                                    [--callers NAME] [--callees NAME] [--keep DIR]
+#                                    [--lines FILE]
 # Fails (exit 1) when a run measured nothing.
 import collections, importlib.util, os, re, shutil, subprocess, sys, tempfile
 
@@ -28,6 +34,7 @@ TOP = int(opt("--top", "40"))
 CALLERS = opt("--callers", None)
 CALLEES = opt("--callees", None)
 KEEP = opt("--keep", None)
+LINES = opt("--lines", None)
 SERVER = args[0] if args else ".build/release/concord-server"
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -82,7 +89,7 @@ def costs(path, inclusive):
     for line in annotate(path, *(["--inclusive=yes"] if inclusive else [])).splitlines():
         m = LINE.match(line)
         if m and not m.group(2) and ":" in m.group(3):
-            d[m.group(3).split(" [")[0].split(":", 1)[1]] += int(m.group(1).replace(",", ""))
+            d[m.group(3).split(" [")[0].split(":", 1)[-1]] += int(m.group(1).replace(",", ""))
     return d
 
 def edges(path, tree, target):
@@ -111,11 +118,37 @@ def edges(path, tree, target):
         if dem.get(fn, fn).startswith(target): result[dem.get(other, other)] += c
     return result
 
+def print_lines(path, name):
+    """FILE's annotated lines from the run with updates, per update (the
+    setup's share of a hot line is negligible at N updates)."""
+    out = annotate(path, "--auto=yes", "--show-percs=no", "--context=0")
+    shown, inside = 0, False
+    print(f"\n{name}, per update (lines of at least 1 instruction; '=>' lines are calls):")
+    for line in out.splitlines():
+        if line.startswith("-- Auto-annotated source:"):
+            inside = line.split(":", 1)[1].strip().endswith(name)
+            continue
+        if not inside: continue
+        m = re.match(r"\s*([\d,]+)\s(.*)", line)
+        if not m: continue
+        per = int(m.group(1).replace(",", "")) / N
+        if per >= 1:
+            print(f"  {per:>8,.0f}  {m.group(2)[:150]}")
+            shown += 1
+    if not shown: print("  (no line of that file was counted: is the name a path under Sources/?)")
+
 def main():
     d = KEEP or tempfile.mkdtemp(prefix="concord-profile.")
     os.makedirs(d, exist_ok=True)
-    stripped = d + "/concord-server.nodebug"
-    subprocess.check_call(["objcopy", "--strip-debug", SERVER, stripped])
+    if LINES:
+        root = os.path.dirname(here)
+        subprocess.check_call(["swift", "build", "-c", "release", "--product", "concord-server", "--build-path", ".build-dwarf4",
+                               "-Xswiftc", "-dwarf-version=4", "-Xcc", "-gdwarf-4"], cwd=root,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stripped = os.path.join(root, ".build-dwarf4/release/concord-server")
+    else:
+        stripped = d + "/concord-server.nodebug"
+        subprocess.check_call(["objcopy", "--strip-debug", SERVER, stripped])
     full = ivr.run_concord(stripped, SUBS, N, d)
     base = ivr.run_concord(stripped, SUBS, 0, d)
     per = (full - base) / N
@@ -146,6 +179,7 @@ def main():
         diff = collections.Counter({k: (v - eb.get(k, 0)) / N for k, v in ea.items()})
         for name, v in diff.most_common(TOP):
             if v >= 1: print(f"  {v:>8,.0f}  {name[:140]}")
+    if LINES: print_lines(a, LINES)
     if KEEP: print(f"\nprofiles kept in {d} (callgrind_annotate {a})")
     else: shutil.rmtree(d, ignore_errors=True)
 
