@@ -49,10 +49,14 @@ struct UpdateLineTests {
             #"{"model":\#(model),"op":"update"}"#,
             #"{"op":"update","rid":null,"model":{}}"#,
             #"{"op":"update","rid":true,"key":"ключ","model":{"id":"é"}}"#,
+            #"{"op":"update","model":\#(model),"mode":"merge","force":true}"#,
+            #"{"op":"update","model":\#(model),"key":null,"mode":"replace","force":false}"#,
+            #"{"token":"t-1","op":"update","model":\#(model),"if_unchanged_since":12,"context":{"why":[1]},"origin":"s"}"#,
+            #"{"op":"update","model":\#(model),"context":null,"token":null}"#,
         ]
         for line in lines { #expect(Self.check(line), "not read: \(line)") }
         let u = Self.read(#"{"rid":3,"op":"update","key":"k","model":\#(model)}"#)
-        #expect(u?.key == "k")
+        if case .update(_, let key, _, _)? = u?.mutation { #expect(key == "k") } else { Issue.record("not an update") }
         #expect(u?.modelRange == 41 ..< 41 + model.utf8.count)
         if case .number(let n)? = u?.rid { #expect(n.text == "3") } else { Issue.record("rid") }
     }
@@ -66,19 +70,17 @@ struct UpdateLineTests {
 
     @Test func everyOtherLineIsLeftToTheDecoder() {
         let left = [
-            #"{"op":"update","model":{},"mode":"merge"}"#,                 // another member
-            #"{"op":"update","model":{},"force":true}"#,
-            #"{"op":"update","model":{},"token":"t"}"#,
-            #"{"op":"update","model":{},"context":{"a":1}}"#,
-            #"{"op":"update","model":{},"origin":"s"}"#,
-            #"{"op":"update","model":{},"if_unchanged_since":3}"#,
-            #"{"op":"update","model":{},"unknown":1}"#,
+            #"{"op":"update","model":{},"unknown":1}"#,                    // a member the decoder ignores
+            #"{"op":"update","model":{},"mode":"merged"}"#,                // a value the decoder refuses
+            #"{"op":"update","model":{},"force":1}"#,
+            #"{"op":"update","model":{},"token":7}"#,
+            #"{"op":"update","model":{},"origin":""}"#,
+            #"{"op":"update","model":{},"if_unchanged_since":-1}"#,
             #"{"op":"delete","id":"A:1"}"#,                                 // another op
             #"{"op":"updates","model":{}}"#,
             #"{"op":"update"}"#,                                            // no model
             #"{"model":{}}"#,                                               // no op
             #"{"op":"update","model":[]}"#,                                 // wrong types
-            #"{"op":"update","model":{},"key":null}"#,
             #"{"op":"update","model":{},"key":1}"#,
             #"{"op":"update","model":{},"rid":{}}"#,
             #"{"op":"update","model":{},"rid":[1]}"#,
@@ -105,13 +107,15 @@ struct UpdateLineTests {
 
     /// Random lines made of the members an update may carry, in random
     /// order, some repeated, some of the wrong type, some irregular: every
-    /// line read decodes the same through the full path, and the regular
-    /// ones made only of op, rid, key and model are all read.
+    /// line read decodes the same through the full path, and every regular
+    /// one made only of names an update reads, once each, that the full
+    /// path accepts is read.
     @Test func randomLinesReadTheSameAsTheFullPath() {
         var rng = SplitMix(seed: 19)
         let values = [#"1"#, #"-0.5e2"#, #""s""#, #""ü""#, "null", "true", #"{}"#, #"[1]"#, #"{"id":"A:1","x":[1,{"y":null}]}"#,
                       #"{"id":"A:1","n":{"id":"B:2"}}"#, #""a\"b""#]
-        let names = ["op", "rid", "key", "model", "mode", "force", "other", "token"]
+        let names = ["op", "rid", "key", "model", "mode", "force", "other", "token", "context", "origin", "if_unchanged_since"]
+        let known: Set<String> = ["op", "rid", "key", "model", "mode", "force", "token", "context", "origin", "if_unchanged_since"]
         var read = 0, mustRead = 0
         for _ in 0 ..< 4000 {
             var members: [String] = []
@@ -127,20 +131,21 @@ struct UpdateLineTests {
                 case "op": value = rng.next() % 8 == 0 ? #""delete""# : #""update""#
                 case "model": value = rng.next() % 6 == 0 ? values[Int(rng.next() % UInt64(values.count))] : values[8 + Int(rng.next() % 2)]
                 case "key": value = rng.next() % 4 == 0 ? values[Int(rng.next() % UInt64(values.count))] : #""k""#
+                case "mode": value = [#""merge""#, #""replace""#, #""x""#, "null", "1"][Int(rng.next() % 5)]
+                case "if_unchanged_since": value = ["3", "0", "-1", "1.5", "null", #""3""#][Int(rng.next() % 6)]
                 default: value = values[Int(rng.next() % UInt64(values.count))]
                 }
-                if !["op", "rid", "key", "model"].contains(name) || used.contains(name) { plain = false }
+                // Only names the decoder reads, once each; what their values
+                // make of the request is the full path's to say (below).
+                if !known.contains(name) || used.contains(name) { plain = false }
                 if name == "op" && value != #""update""# { plain = false }
-                if name == "model" && !value.hasPrefix("{") { plain = false }
-                if name == "key" && !value.hasPrefix("\"") { plain = false }
-                if name == "rid" && (value.hasPrefix("{") || value.hasPrefix("[")) { plain = false }
                 used.insert(name)
                 let space = rng.next() % 10 == 0 ? " " : ""
                 if space == " " { plain = false }
                 members.append("\"\(name)\":\(space)\(value)")
             }
-            if !used.contains("op") || !used.contains("model") { plain = false }
             let line = "{" + members.joined(separator: ",") + "}"
+            if Self.full(line).request == nil { plain = false }
             let wasRead = Self.check(line)
             if wasRead { read += 1 }
             if plain {
