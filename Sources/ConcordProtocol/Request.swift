@@ -16,6 +16,7 @@ public struct Request: Sendable {
     public var timeoutMs: Int?
 
     /// A decoded request.
+    @inlinable
     public init(rid: JSON, op: Operation, since: Int? = nil, minSeq: Int? = nil, timeoutMs: Int? = nil) {
         self.rid = rid
         self.op = op
@@ -130,6 +131,7 @@ public struct MutationOptions: Sendable {
     public var token: String?
 
     /// Options of one mutation.
+    @inlinable
     public init(context: JSON? = nil, origin: String? = nil, ifUnchangedSince: Int? = nil, token: String? = nil) {
         self.context = context
         self.origin = origin

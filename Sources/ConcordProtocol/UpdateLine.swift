@@ -28,17 +28,21 @@ public struct UpdateLine: Sendable {
     public let mutation: Mutation
     /// The options, when the line gave any (boxed: most lines have none,
     /// and a parsed line is passed around by value).
-    private let boxed: Options?
+    @usableFromInline let boxed: Options?
     /// Where the model's bytes lie in the line, when they are exactly what
     /// ``JSONWriter`` writes for it.
     public let modelRange: Range<Int>?
 
-    private final class Options: Sendable {
-        let options: MutationOptions
+    @usableFromInline final class Options: Sendable {
+        @usableFromInline let options: MutationOptions
         init(_ options: MutationOptions) { self.options = options }
     }
 
-    public var options: MutationOptions { boxed?.options ?? MutationOptions() }
+    /// Inlinable, as the request below: the engine reads them per update.
+    @inlinable public var options: MutationOptions {
+        guard let boxed else { return MutationOptions() }
+        return boxed.options
+    }
 
     /// The model (an object).
     public var model: JSON {
@@ -47,7 +51,7 @@ public struct UpdateLine: Sendable {
     }
 
     /// The decoded request.
-    public var request: Request { Request(rid: rid, op: .mutation(mutation, options)) }
+    @inlinable public var request: Request { Request(rid: rid, op: .mutation(mutation, options)) }
 
     /// The request object, for a caller that needs the tree (the cluster
     /// log's append): the mutation's ``Mutation/requestObject()``, its
