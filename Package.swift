@@ -121,7 +121,7 @@ let package = Package(
         .target(name: "ConcordTestSupport", dependencies: ["ConcordJSON"], path: "Tests/ConcordTestSupport", swiftSettings: swiftSettings),
 
         .testTarget(name: "ConcordJSONTests", dependencies: ["ConcordJSON"], swiftSettings: swiftSettings),
-        .testTarget(name: "ConcordProtocolTests", dependencies: ["ConcordProtocol", "ConcordJSON"], swiftSettings: swiftSettings),
+        .testTarget(name: "ConcordProtocolTests", dependencies: ["ConcordProtocol", "ConcordJSON", "ConcordTestSupport"], swiftSettings: swiftSettings),
         .testTarget(name: "ConcordCoreTests", dependencies: ["ConcordCore", "ConcordProtocol", "ConcordJSON", "ConcordTestSupport"], swiftSettings: swiftSettings),
         .testTarget(
             name: "ConcordBackendTests",

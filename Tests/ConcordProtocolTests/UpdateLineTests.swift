@@ -1,4 +1,5 @@
 import ConcordJSON
+import ConcordTestSupport
 import Testing
 
 @testable import ConcordProtocol
@@ -111,7 +112,7 @@ struct UpdateLineTests {
     /// one made only of names an update reads, once each, that the full
     /// path accepts is read.
     @Test func randomLinesReadTheSameAsTheFullPath() {
-        var rng = SplitMix(seed: 19)
+        var rng = SeededRandom(seed: 19)
         let values = [#"1"#, #"-0.5e2"#, #""s""#, #""ü""#, "null", "true", #"{}"#, #"[1]"#, #"{"id":"A:1","x":[1,{"y":null}]}"#,
                       #"{"id":"A:1","n":{"id":"B:2"}}"#, #""a\"b""#]
         let names = ["op", "rid", "key", "model", "mode", "force", "other", "token", "context", "origin", "if_unchanged_since"]
@@ -154,18 +155,5 @@ struct UpdateLineTests {
             }
         }
         #expect(mustRead > 500 && read >= mustRead, "read \(read), plain \(mustRead)")
-    }
-}
-
-/// A small deterministic generator (the tests' runs are repeatable).
-struct SplitMix {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
