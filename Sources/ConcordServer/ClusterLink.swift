@@ -642,7 +642,14 @@ final class ClusterLink: ClusterLogLink {
         }
     }
 
-    private func findTruth(_ done: @escaping (Truth?) -> Void) {
+    /// How many times the log's meta is read when no snapshot it names
+    /// checks out: two uploads between reading the meta and reading the
+    /// chunks replace both snapshots it named (their chunks are deleted),
+    /// which is not damage — a fresh look names the new ones. Damage stays
+    /// damage on every look.
+    static let truthLooks = 3
+
+    private func findTruth(look: Int = 1, _ done: @escaping (Truth?) -> Void) {
         guard let ac = writer?.ac, writer?.connected == true else { return done(nil) }
         command(ac, ["XRANGE", logKey, "-", "+", "COUNT", "1"]) { [self] reply in
             guard let reply, reply.pointee.type == REDIS_REPLY_ARRAY else { return done(nil) }
@@ -663,7 +670,12 @@ final class ClusterLink: ClusterLogLink {
                           let l = m[3].flatMap({ Int($0) }), let sum = m[4] else { return nil }
                     return (o, id, c, l, sum)
                 }
-                fetchSnapshot(candidates[...], done)
+                fetchSnapshot(candidates[...]) { [self] truth in
+                    guard case .unusable = truth, look < Self.truthLooks else { return done(truth) }
+                    logger.warning("no snapshot the cluster log names checked out: reading its meta again (snapshots replaced while they were read are not damaged)",
+                                   metadata: ["concord.look": "\(look + 1)"])
+                    findTruth(look: look + 1, done)
+                }
             }
         }
     }

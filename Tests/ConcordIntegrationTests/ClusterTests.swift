@@ -758,6 +758,48 @@ struct ClusterTests {
         #expect(back["model"]?["v"] == 1, "\(back.compactString)")
     }
 
+    /// Two snapshot uploads between a joining host's read of the log's meta
+    /// and its read of the chunks replace both snapshots that meta named:
+    /// their chunks are deleted, which is not damage. The host reads the
+    /// meta again and joins from what it names then (the proxy answers the
+    /// first look's two chunk reads as if the chunks were gone). Snapshots
+    /// that fail on every look leave the host unable to join, and it says so.
+    @Test func snapshotsReplacedWhileAHostReadsThemAreLookedUpAgain() throws {
+        let redis = try RedisProcess()
+        let every = ["--cluster-snapshot-entries", "20"]
+        let first = try Self.host(redis, "h0", every)
+        try Self.waitAttached([first])
+        let a = try first.connect()
+        for i in 0..<70 {
+            #expect(try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)}}"#)["seq"] == .int(i + 1))
+        }
+        try waitUntil("the log to be trimmed") { (Int(try redis.cli(["XLEN", "concord:{t}:log"])) ?? 70) < 70 }
+        #expect(try !redis.cli(["HGET", "concord:{t}:meta", "snap2_offset"]).isEmpty, "two snapshots named")
+        let proxy = try RESPFaultProxy(target: redis.socketPath)
+        defer { proxy.stop() }
+        proxy.answer("MGET", times: 2, withScript: "return {false}", keyContaining: ":snap:")
+        let late = try Self.host(redis, "h1", every, url: proxy.url)
+        try Self.waitAttached([late])
+        #expect(proxy.refused.load(ordering: .relaxed) == 2)
+        #expect(late.stderr.contains("reading its meta again"), "\(late.stderr.suffix(1500))")
+        #expect(try late.connect().request(#"{"op":"get","id":"E6","min_seq":70}"#)["model"]?["i"] == 69)
+
+        // Every look fails: the host does not join, and says why (three looks, two snapshots each).
+        let damaged = try RESPFaultProxy(target: redis.socketPath)
+        defer { damaged.stop() }
+        damaged.answer("MGET", times: 1_000, withScript: "return {false}", keyContaining: ":snap:")
+        let broken = try Self.host(redis, "h2", every, url: damaged.url)
+        var c: WireClient?
+        try waitUntil("the host listening") { c = try? broken.connect(); return c != nil }
+        var problem = ""
+        try waitUntil("the host saying it cannot join") {
+            problem = try c!.request(#"{"op":"ping"}"#)["cluster"]?["problem"]?.stringValue ?? ""
+            return !problem.isEmpty
+        }
+        #expect(problem.contains("no usable snapshot"), "\(problem)")
+        #expect(damaged.refused.load(ordering: .relaxed) == 6)
+    }
+
     /// An append whose answer was lost (the connection cut after Redis ran
     /// it) is sent again; when Redis refuses the resend (`-LOADING` after a
     /// restart, `-OOM`), the first attempt may have gone in — here it did —

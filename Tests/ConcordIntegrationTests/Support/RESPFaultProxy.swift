@@ -14,9 +14,9 @@ import Glibc
 /// commands around it. Replies pass through as bytes.
 final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
     // Sendable: `refusals` is behind `lock`, as the base class's state is.
-    /// Command name (upper case) → (how many more to refuse, the error,
-    /// and a text its key must contain, if any).
-    private var refusals: [String: (count: Int, error: String, key: String?)] = [:]
+    /// Command name (upper case) → (how many more to answer otherwise, the
+    /// Lua script Redis runs instead, and a text its key must contain, if any).
+    private var refusals: [String: (count: Int, script: String, key: String?)] = [:]
     /// Command names (upper case) armed to cut the connections after them,
     /// with a text the key must contain, if any.
     private var cuts: [String: (count: Int, key: String?)] = [:]
@@ -37,7 +37,15 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
     /// argument (the key) contains it (`SET` of a snapshot chunk, not of
     /// the lease).
     func refuse(_ command: String, times: Int, with error: String, keyContaining: String? = nil) {
-        lock.withLock { refusals[command.uppercased()] = (times, error, keyContaining) }
+        answer(command, times: times, withScript: "return redis.error_reply('\(error)')", keyContaining: keyContaining)
+    }
+
+    /// The next `times` commands named `command` are answered with what
+    /// the Lua `script` returns instead of being run (`return {false}`: an
+    /// array of one nil, as `MGET` of a key that is gone); `keyContaining`
+    /// as in ``refuse(_:times:with:keyContaining:)``. Counted in `refused`.
+    func answer(_ command: String, times: Int, withScript script: String, keyContaining: String? = nil) {
+        lock.withLock { refusals[command.uppercased()] = (times, script, keyContaining) }
     }
 
     /// The next command named `command` goes to Redis and runs, but its
@@ -79,8 +87,8 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
                     cutsMade.add(1, ordering: .relaxed)
                     return
                 }
-                if let error = takeRefusal(name, key: key) {
-                    out = Self.encode(["EVAL", "return redis.error_reply('\(error)')", "0"])
+                if let script = takeRefusal(name, key: key) {
+                    out = Self.encode(["EVAL", script, "0"])
                     refused.add(1, ordering: .relaxed)
                 }
                 guard Self.sendAll(server, out[...]) else { return }
@@ -99,8 +107,8 @@ final class RESPFaultProxy: SocketProxy, @unchecked Sendable {
     private func takeRefusal(_ name: String, key: String) -> String? {
         lock.withLock {
             guard let r = refusals[name], r.count > 0, r.key.map({ key.contains($0) }) ?? true else { return nil }
-            refusals[name] = (r.count - 1, r.error, r.key)
-            return r.error
+            refusals[name] = (r.count - 1, r.script, r.key)
+            return r.script
         }
     }
 
