@@ -121,6 +121,24 @@ struct ClusterTests {
                           directory: directory, environment: internalChecks)
     }
 
+    static let snapshotEvery20 = ["--cluster-snapshot-entries", "20"]
+
+    /// A Redis whose log held 70 updates of 7 entities (`E0`…`E6`, the last
+    /// `"i":69`) and is trimmed below a snapshot (one every 20 entries), the
+    /// host that wrote them and a connection to it: a new host joins from a
+    /// snapshot.
+    static func trimmedLog() throws -> (RedisProcess, ServerProcess, WireClient) {
+        let redis = try RedisProcess()
+        let first = try host(redis, "h0", snapshotEvery20)
+        try waitAttached([first])
+        let a = try first.connect()
+        for i in 0..<70 {
+            #expect(try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)}}"#)["seq"] == .int(i + 1))
+        }
+        try waitUntil("the log to be trimmed") { (Int(try redis.cli(["XLEN", "concord:{t}:log"])) ?? 70) < 70 }
+        return (redis, first, a)
+    }
+
     /// A Redis, hosts on it attached — the first through a RESP fault proxy
     /// when asked (`proxy`; the caller stops it) — and a connection to
     /// each. Held together: the processes live as long as the value is used.
@@ -728,15 +746,9 @@ struct ClusterTests {
     /// again on the next tick, and the host joins once they pass, from the
     /// snapshot and the log after it, holding what the other host holds.
     @Test func aHostJoiningWhileTheLogRefusesItsStartJoinsOnceItAnswers() throws {
-        let redis = try RedisProcess()
-        let every = ["--cluster-snapshot-entries", "20"]
-        let first = try Self.host(redis, "h0", every)
-        try Self.waitAttached([first])
-        let a = try first.connect()
-        for i in 0..<70 {
-            #expect(try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)}}"#)["seq"] == .int(i + 1))
-        }
-        try waitUntil("the log to be trimmed") { (Int(try redis.cli(["XLEN", "concord:{t}:log"])) ?? 70) < 70 }
+        let (redis, first, a) = try Self.trimmedLog()
+        defer { withExtendedLifetime(first) {} }
+        let every = Self.snapshotEvery20
         let proxy = try RESPFaultProxy(target: redis.socketPath)
         defer { proxy.stop() }
         let loading = "LOADING Redis is loading the dataset in memory"
@@ -765,15 +777,9 @@ struct ClusterTests {
     /// first look's two chunk reads as if the chunks were gone). Snapshots
     /// that fail on every look leave the host unable to join, and it says so.
     @Test func snapshotsReplacedWhileAHostReadsThemAreLookedUpAgain() throws {
-        let redis = try RedisProcess()
-        let every = ["--cluster-snapshot-entries", "20"]
-        let first = try Self.host(redis, "h0", every)
-        try Self.waitAttached([first])
-        let a = try first.connect()
-        for i in 0..<70 {
-            #expect(try a.request(#"{"op":"update","model":{"id":"E\#(i % 7)","i":\#(i)}}"#)["seq"] == .int(i + 1))
-        }
-        try waitUntil("the log to be trimmed") { (Int(try redis.cli(["XLEN", "concord:{t}:log"])) ?? 70) < 70 }
+        let (redis, first, _) = try Self.trimmedLog()
+        defer { withExtendedLifetime(first) {} }
+        let every = Self.snapshotEvery20
         #expect(try !redis.cli(["HGET", "concord:{t}:meta", "snap2_offset"]).isEmpty, "two snapshots named")
         let proxy = try RESPFaultProxy(target: redis.socketPath)
         defer { proxy.stop() }
@@ -782,7 +788,12 @@ struct ClusterTests {
         try Self.waitAttached([late])
         #expect(proxy.refused.load(ordering: .relaxed) == 2)
         #expect(late.stderr.contains("reading its meta again"), "\(late.stderr.suffix(1500))")
-        #expect(try late.connect().request(#"{"op":"get","id":"E6","min_seq":70}"#)["model"]?["i"] == 69)
+        let b = try late.connect()
+        #expect(try b.request(#"{"op":"get","id":"E6","min_seq":70}"#)["model"]?["i"] == 69)
+        // Joined on its first ask: not taken for a broken host that had to rebuild.
+        let status = try b.request(#"{"op":"ping"}"#)["cluster"]
+        #expect(status?["problem"] == nil && status?["resyncs"] == 0, "\(status?.compactString ?? "")")
+        #expect(try b.request(#"{"op":"update","model":{"id":"L","v":1}}"#)["seq"] == 71)
 
         // Every look fails: the host does not join, and says why (three looks, two snapshots each).
         let damaged = try RESPFaultProxy(target: redis.socketPath)
@@ -799,10 +810,16 @@ struct ClusterTests {
         #expect(problem.contains("no usable snapshot"), "\(problem)")
         // Three looks of two snapshots each, at start-up and again when the
         // core asks for the log's truth once more; then no more asking.
-        let reads = damaged.refused.load(ordering: .relaxed)
-        Thread.sleep(forTimeInterval: 1.5)
-        #expect(reads % 6 == 0 && reads >= 6 && damaged.refused.load(ordering: .relaxed) == reads,
-                "\(reads) then \(damaged.refused.load(ordering: .relaxed))")
+        var reads = 0
+        try waitUntil("the chunk reads to stop") {
+            let before = damaged.refused.load(ordering: .relaxed)
+            Thread.sleep(forTimeInterval: 0.5)
+            reads = damaged.refused.load(ordering: .relaxed)
+            return reads == before
+        }
+        #expect(reads % 6 == 0 && reads >= 6, "\(reads) chunk reads")
+        Thread.sleep(forTimeInterval: 1)
+        #expect(damaged.refused.load(ordering: .relaxed) == reads, "more reads after they stopped")
     }
 
     /// An append whose answer was lost (the connection cut after Redis ran
