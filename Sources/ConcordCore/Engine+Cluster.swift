@@ -464,14 +464,9 @@ extension Engine {
             return "undecodable"
         }
         requestsByOp[request.op.metricIndex] += 1
-        // An update's model sent as the log line holds it (as `process` does).
-        if case .update(let u, let line) = parsed, let range = u.modelRange, case .object(let m) = u.model {
-            verbatimModel = (VerbatimModel(line: line, range: range), m.members)
-        }
-        defer {
-            verbatimModel = nil
-            if verbatimShared != nil { verbatimShared = nil }
-        }
+        // The model sent as the log line holds it (as `process` does).
+        beginVerbatim(parsed)
+        defer { endVerbatim() }
         do {
             try dispatch(request, c, fromLog: true)
             return "ok \(seq)"

@@ -64,9 +64,9 @@ public struct JSONMemberReader {
         return (v, start ..< state.pos, state.irregular == before)
     }
 
-    /// Whether the value just before the reader is exactly `literal`'s bytes
-    /// (a JSON string with its quotes, say): compared, then skipped. On a
-    /// mismatch the reader does not move.
+    /// Whether the value of the member whose name was just read is exactly
+    /// `literal`'s bytes (a JSON string with its quotes, say): compared,
+    /// then skipped. On a mismatch the reader does not move.
     public mutating func skip(ifExactly literal: StaticString) -> Bool {
         let n = literal.utf8CodeUnitCount
         let buf = state.buf
