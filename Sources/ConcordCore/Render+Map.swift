@@ -131,7 +131,8 @@ extension Engine {
             // Running subscribers of a key always hold the document as of the
             // last mutation, so "what they last got" is the store's value before
             // this one (the view keeps no copy).
-            let (new, old) = store.documentNowAndBefore(view.key)
+            let (doc, old) = store.documentRecordNowAndBefore(view.key)
+            let new = doc?.value
             assert(known == nil || known! == (old != new), "a net change set says whether the document changed")
             let changed = known ?? (old != new)
             guard forced || changed else { return .none }
@@ -144,13 +145,25 @@ extension Engine {
             // entities before and after: the entity is all that changed
             // (most key documents).
             var known: String?
-            if changed, let new, let id = store.soleChangedEntity(new, valueChanged: valueChanged), case .object(let o)? = old,
+            if changed, let doc, let root = store.root(following: doc) {
+                // The update's own document, which apply found to be its root
+                // entity's value before and after: no identity read or looked up.
+                if store.isSoleChange(root.record, valueChanged: valueChanged) { known = root.id }
+                if configuration.internalChecks, let new {
+                    let general = store.soleChangedEntity(new, valueChanged: valueChanged)
+                    let oldID = old?.objectValue?.identity(idKey: tree.idKey)
+                    let expected = general != nil && oldID == general ? general : nil
+                    if expected != known {
+                        preconditionFailure("Concord internal check failed: document '\(view.key)' of its root entity: \(known ?? "-") against \(expected ?? "-")")
+                    }
+                }
+            } else if changed, let new, let id = store.soleChangedEntity(new, valueChanged: valueChanged), case .object(let o)? = old,
                o.identity(idKey: tree.idKey) == id {
                 known = id
-                // Under the internal checks (tests, fuzzers), against the walk.
-                if configuration.internalChecks && tree.diff(old: old, new: new) != ([id], []) {
-                    preconditionFailure("Concord internal check failed: the document of entity '\(id)' changed more than the entity")
-                }
+            }
+            // Under the internal checks (tests, fuzzers), against the walk.
+            if configuration.internalChecks, let id = known, tree.diff(old: old, new: new) != ([id], []) {
+                preconditionFailure("Concord internal check failed: the document of entity '\(id)' changed more than the entity")
             }
             writeDocumentBody(&w, old: old, new: new, context: context, valueChanged: valueChanged, onlyChanged: known)
             return payload(&w, &buffer, changed: changed, alone: alone)

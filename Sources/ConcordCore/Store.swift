@@ -113,6 +113,11 @@ final class DocumentRecord {
     /// and where its entry is in `Store.documentJournal` (valid while that generation runs).
     var journalMark: UInt64 = 0
     var journalIndex: Int32 = 0
+    /// Set by the update that last wrote this document when the document
+    /// is, before and after, its root entity's stored value and changed
+    /// with it (`Store.documentOfRoot`). Read only while `journalMark` is
+    /// the running mutation's (every write clears it).
+    var followsRoot = false
 
     init(value: JSON, children: Children) {
         self.value = value
@@ -232,12 +237,20 @@ final class Store {
     /// before and after then changed exactly it: the same identities, each
     /// other one with its value (no walk of the two trees to find out).
     func soleChangedEntity(_ value: JSON, valueChanged: ChangeSet) -> String? {
-        guard case .object(let o) = value, let id = o.identity(idKey: tree.idKey), let rec = entities[id] else { return nil }
+        guard case .object(let o) = value, let id = o.identity(idKey: tree.idKey), let rec = entities[id],
+              isSoleChange(rec, valueChanged: valueChanged) else { return nil }
+        return id
+    }
+
+    /// Whether the running mutation wrote `rec` and changed none of the
+    /// entities it holds (`soleChangedEntity`'s test, for a caller that
+    /// has the record: `documentOfRoot`).
+    func isSoleChange(_ rec: EntityRecord, valueChanged: ChangeSet) -> Bool {
         let mark = rec.mutationMark
         guard mark >> EntityRecord.markBits == mutationGeneration, mark & EntityRecord.written != 0,
-              mark & EntityRecord.childrenChanged == 0 else { return nil }
-        for c in rec.children.keys where valueChanged.contains(c) { return nil }
-        return id
+              mark & EntityRecord.childrenChanged == 0 else { return false }
+        for c in rec.children.keys where valueChanged.contains(c) { return false }
+        return true
     }
 
     /// The value of a record when the stored-depth check has to walk it;
@@ -279,6 +292,7 @@ final class Store {
     /// Forgets the journal: the running mutation is committed.
     func commit() {
         mutationGeneration &+= 1
+        rootOfDocument = nil
         if beforeCheck != nil { beforeCheck = ([:], [:]) }
         writtenInMutation.drain()
         // Drained, not `removeAll`: see `Array.drain()` (a rename frees a
@@ -295,6 +309,7 @@ final class Store {
 
     /// Undoes everything since the last `commit`.
     func rollback() {
+        rootOfDocument = nil
         // Values refreshed in place are reconstructed while every entry is
         // as the mutation left it, before anything is restored.
         for (id, old) in entityJournal where old == nil {
@@ -473,8 +488,14 @@ final class Store {
 
     /// The document under `key` now and before the running mutation, with one lookup.
     func documentNowAndBefore(_ key: String) -> (now: JSON?, before: JSON?) {
+        let r = documentRecordNowAndBefore(key)
+        return (r.record?.value, r.before)
+    }
+
+    /// `documentNowAndBefore`, with the record (nil: absent).
+    func documentRecordNowAndBefore(_ key: String) -> (record: DocumentRecord?, before: JSON?) {
         if let doc = documents[key] {
-            return (doc.value, doc.journalMark == mutationGeneration ? documentJournal[Int(doc.journalIndex)].old : doc.value)
+            return (doc, doc.journalMark == mutationGeneration ? documentJournal[Int(doc.journalIndex)].old : doc.value)
         }
         if let i = journaledAbsentDocuments[key] { return (nil, documentJournal[i].old) }
         return (nil, nil)
@@ -486,6 +507,7 @@ final class Store {
         if let doc {
             guard doc.journalMark != mutationGeneration else { return }
             doc.journalMark = mutationGeneration
+            doc.followsRoot = false
             doc.journalIndex = Int32(documentJournal.count)
             documentJournal.append((key, doc.value))
         } else if journaledAbsentDocuments[key] == nil {
@@ -532,6 +554,9 @@ final class Store {
         /// merge gives only scalars (each value is its stored one, within
         /// the bound, with scalar members set: no deeper, or one level).
         var withinDepth: Bool = false
+        /// The model's identity when it is an entity (then the first of
+        /// `values`): found once here for everything after that asks.
+        var root: String? = nil
     }
 
     /// Computes the new versions of an update's entities without writing them.
@@ -539,11 +564,11 @@ final class Store {
     func prepareUpdate(model: JSON, key: String?, mode: UpdateMode, force: Bool) throws(ProtocolError) -> PreparedUpdate {
         var winners = EntityMap()
         swap(&winners, &spareEntityMap)
-        let repeated = tree.flattenCounting(model, into: &winners)
+        let (repeated, root) = tree.flattenCounting(model, into: &winners)
         // With each identity once, every nested occurrence already is its winner.
         let resolved = repeated ? tree.resolve(winners) : winners
         guard mode == .merge else {
-            return PreparedUpdate(values: resolved, partials: nil, mode: mode, force: force, key: key, model: model, withinDepth: !repeated)
+            return PreparedUpdate(values: resolved, partials: nil, mode: mode, force: force, key: key, model: model, withinDepth: !repeated, root: root)
         }
         // Merge: members present in the update win, absent ones are kept from
         // the stored record; nested entities merge by identity on their own.
@@ -589,7 +614,8 @@ final class Store {
         if givesContainers, let (a, b) = findCycle(newValues: values) {
             throw ProtocolError(.badRequest, "merge would make entity '\(clipID(a))' contain itself through '\(clipID(b))'")
         }
-        return PreparedUpdate(values: values, partials: resolved, mode: mode, force: force, key: key, model: model, withinDepth: !givesContainers)
+        return PreparedUpdate(values: values, partials: resolved, mode: mode, force: force, key: key, model: model, withinDepth: !givesContainers,
+                              root: root)
     }
 
     /// Whether some partial of a merge gives a member whose value is an
@@ -705,6 +731,9 @@ final class Store {
         var changed = changedScratch
         changedScratch = []
         sharedRoot = nil
+        rootOfDocument = nil
+        // The root entity's record when the update writes it (its value changed).
+        var rootRecord: EntityRecord?
         // Entities carried along unchanged and spelled as stored: their
         // stored values can stand in for the request's copies (an entity
         // equal but spelled otherwise cannot: the bytes would change).
@@ -731,7 +760,9 @@ final class Store {
                 change.valueChanged.insert(id)
                 _ = created.insert(id)
             }
-            changed.append((id, setEntity(id, newValue, resident: resident, withinDepth: u.withinDepth)))
+            let rec = setEntity(id, newValue, resident: resident, withinDepth: u.withinDepth)
+            if changed.isEmpty, let root = u.root, sameText(root, id) { rootRecord = rec }
+            changed.append((id, rec))
         }
         if !carriedAlong.isEmpty && !created.isEmpty { shareCarriedAlong(changed, u, carriedAlong, created) }
         // The update's own document is rewritten below: propagation need not refresh it first.
@@ -758,8 +789,16 @@ final class Store {
         }
         if let key = u.key {
             let value = tree.substituteAny(u.model) { entities[$0]?.value }.0
-            let old = setDocument(key, value)
-            if documentChanged(old: old, new: value, written: u.values, change: change) { change.documentsChanged.insert(key) }
+            let (old, doc) = setDocument(key, value, resident: documents[key])
+            let (docChanged, asRoot) = documentChanged(old: old, new: value, root: u.root, change: change)
+            if docChanged {
+                change.documentsChanged.insert(key)
+                // Changed as its root entity did: render can tell from the record alone.
+                if asRoot, let rootRecord, let doc {
+                    doc.followsRoot = true
+                    rootOfDocument = (Unmanaged.passUnretained(rootRecord), u.root!)
+                }
+            }
             if u.force { change.documentsForced.insert(key) }
         }
     }
@@ -767,6 +806,26 @@ final class Store {
     /// The members of the update's root entity when `apply` replaced them
     /// (`shareCarriedAlong`): same bytes, another buffer (nil otherwise).
     private(set) var sharedRoot: [JSONObject.Member]?
+
+    /// The record of the running update's root entity when the update's
+    /// document is, before and after, that entity's stored value and
+    /// changed with it (`documentChanged`; the document is marked
+    /// `followsRoot`). Render then knows the document's change from the
+    /// record alone: no identity read, no lookup, no walk. Unretained: the
+    /// record is in `writtenInMutation` until `commit` or `rollback`, which
+    /// clear this, as the next `apply` does; a mutation of several ops
+    /// clears it (`forgetDocumentOfRoot`), so it only ever describes a
+    /// one-update mutation's document.
+    private(set) var rootOfDocument: (record: Unmanaged<EntityRecord>, id: String)?
+
+    func forgetDocumentOfRoot() { rootOfDocument = nil }
+
+    /// The root entity and its record when the running update's document
+    /// `doc` changed exactly as that entity did (see `rootOfDocument`).
+    func root(following doc: DocumentRecord) -> (record: EntityRecord, id: String)? {
+        guard doc.followsRoot, doc.journalMark == mutationGeneration, let r = rootOfDocument else { return nil }
+        return (r.record.takeUnretainedValue(), r.id)
+    }
 
     /// The entities the update created hold the stored values of the
     /// entities the request carried along unchanged (an author in each of
@@ -785,7 +844,7 @@ final class Store {
     private func shareCarriedAlong(_ changed: [(String, EntityRecord?)], _ u: PreparedUpdate, _ carriedAlong: IDSet, _ created: IDSet) {
         // Written ones that were given shared values: their parents take their new values.
         var shared = IDSet()
-        let root = u.model.identity(idKey: tree.idKey)
+        let root = u.root
         for (id, r) in changed.reversed() {
             guard let rec = r, rec.resident, case .object = rec.value else { continue }
             let new = created.contains(id)
@@ -840,17 +899,21 @@ final class Store {
     /// after: it changed exactly when the entity did — no walk of the two
     /// trees (the most common document; ~800 instructions an update).
     /// Otherwise the values are compared. Under the internal checks, both.
-    private func documentChanged(old: JSON?, new: JSON, written: EntityMap, change: StoreChange) -> Bool {
-        guard let old else { return true }
-        if let root = new.identity(idKey: tree.idKey), written.contains(root),
-           let oldRoot = old.identity(idKey: tree.idKey), sameText(oldRoot, root) {
+    /// `root`: the update's root entity (its model is that entity), which
+    /// the update wrote, so the new document is that entity's stored value.
+    private func documentChanged(old: JSON?, new: JSON, root: String?, change: StoreChange) -> (changed: Bool, asRoot: Bool) {
+        guard let old else { return (true, false) }
+        if let root, let oldRoot = old.identity(idKey: tree.idKey), sameText(oldRoot, root) {
+            if beforeCheck != nil && new.identity(idKey: tree.idKey).map({ sameText($0, root) }) != true {
+                preconditionFailure("Concord internal check failed: the document of update root '\(root)' is not that entity")
+            }
             let changed = change.valueChanged.contains(root)
             if beforeCheck != nil && changed != (old != new) {
                 preconditionFailure("Concord internal check failed: document of entity '\(root)' changed \(old != new), the entity \(changed)")
             }
-            return changed
+            return (changed, true)
         }
-        return old != new
+        return (old != new, false)
     }
 
     // MARK: Delete
@@ -1239,6 +1302,7 @@ final class Store {
     private func refreshDocument(_ doc: DocumentRecord, _ key: String, _ value: JSON) {
         journalDocument(doc, key)
         doc.value = value
+        doc.followsRoot = false
     }
 
     private func removeEntity(_ id: String) {
@@ -1256,19 +1320,21 @@ final class Store {
     /// Returns the value it had.
     @discardableResult
     private func setDocument(_ key: String, _ value: JSON?) -> JSON? {
-        setDocument(key, value, resident: documents[key])
+        setDocument(key, value, resident: documents[key]).before
     }
 
     /// `resident`: the record under `key` (looked up by the caller).
+    /// Returns the value before and the record now (nil: removed).
     @discardableResult
-    private func setDocument(_ key: String, _ value: JSON?, resident old: DocumentRecord?) -> JSON? {
+    private func setDocument(_ key: String, _ value: JSON?, resident old: DocumentRecord?) -> (before: JSON?, record: DocumentRecord?) {
         journalDocument(old, key)
         let before = old?.value
         let newChildren: Children
         if let old, let value {
             guard let c = tree.topEntities(value, unlessSameAs: old.children, scratch: &childrenScratch) else {
                 old.value = value
-                return before
+                old.followsRoot = false
+                return (before, old)
             }
             newChildren = c
         } else {
@@ -1289,11 +1355,12 @@ final class Store {
             }
             documents[key] = doc
             for (c, n) in newChildren { adjustDocumentReferrer(of: c, key: key, by: n) }
+            return (before, doc)
         } else {
             documents[key] = nil
             if let old { journaledAbsentDocuments[key] = Int(old.journalIndex) }
+            return (before, nil)
         }
-        return before
     }
 
     private func adjustReferrer(of child: String, entity: String, _ record: EntityRecord, by n: Int) {

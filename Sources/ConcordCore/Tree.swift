@@ -18,16 +18,26 @@ struct Tree {
     /// `flatten`, also telling whether some identity occurs more than once.
     func flattenCounting(_ root: JSON) -> (winners: EntityMap, repeated: Bool) {
         var winners = EntityMap()
-        let repeated = flattenCounting(root, into: &winners)
+        let repeated = flattenCounting(root, into: &winners).repeated
         return (winners, repeated)
     }
 
     /// `flattenCounting`, into `winners` (empty: a map given back to be
-    /// reused); returns whether some identity occurs more than once.
-    func flattenCounting(_ root: JSON, into winners: inout EntityMap) -> Bool {
+    /// reused); returns whether some identity occurs more than once, and
+    /// `root`'s identity when it is an entity (then the first of `winners`).
+    func flattenCounting(_ root: JSON, into winners: inout EntityMap) -> (repeated: Bool, root: String?) {
         var repeated = false
-        forEachEntity(root) { id, v in if !winners.set(id, v) { repeated = true } }
-        return repeated
+        guard case .object(let o) = root, let id = o.identity(idKey: idKey) else {
+            forEachEntity(root) { id, v in if !winners.set(id, v) { repeated = true } }
+            return (repeated, nil)
+        }
+        // `forEachEntity`'s walk, with the root's identity kept.
+        _ = winners.set(id, root)
+        let members = o.members
+        for i in members.indices where members[i].value.isContainer {
+            forEachEntity(members[i].value) { id, v in if !winners.set(id, v) { repeated = true } }
+        }
+        return (repeated, id)
     }
 
     /// `body` with the identity and value of every entity in `value`
