@@ -119,6 +119,8 @@ extension Engine {
         }
         versions.record(seq: seq, written: written, change: change, keys: keys, collections: lists,
                         collectionChanged: { self.store.collectionsChanged.contains($0) }, store: store)
+        // The clock only when there are tokens to remember or expire.
+        guard token != nil || versions.holdsTokens else { return [] }
         let now = versionsNow
         if let token { versions.remember(token: token, seq: seq, now: now) }
         return versions.expireTokens(seq: seq, now: now)

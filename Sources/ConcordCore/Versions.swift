@@ -107,6 +107,9 @@ final class Versions {
         trim(seq: seq)
     }
 
+    /// Whether some token is still remembered (else `expireTokens` has nothing to do).
+    var holdsTokens: Bool { tokenHead < tokenOrder.count }
+
     /// Remembers an accepted mutation's token.
     func remember(token: String, seq: Int, now: Double) {
         tokens[token] = seq
