@@ -447,10 +447,15 @@ public final class Engine {
         case .prepared(let p):
             if let model = p.model, case .object(let r) = p.value, case .object(let m)? = r["model"] { verbatimModel = (model, m.members) }
         case .update(let u, let line):
-            if let range = u.modelRange, case .object(let m) = u.model { verbatimModel = (VerbatimModel(line: line, range: range), m.members) }
+            beginVerbatim(u, line)
         default:
             break
         }
+    }
+
+    /// `beginVerbatim` of an update read from `line`.
+    func beginVerbatim(_ u: UpdateLine, _ line: ArraySlice<UInt8>) {
+        if let range = u.modelRange, case .object(let m) = u.model { verbatimModel = (VerbatimModel(line: line, range: range), m.members) }
     }
 
     /// The request's model is no longer the one being written.
@@ -474,11 +479,11 @@ public final class Engine {
             return
         }
         let before = seq
-        process(parsed, c)
+        process(consume parsed, c)
         if seq != before && !seqWaiters.isEmpty { wakeSeqWaiters() }
     }
 
-    func process(_ parsed: ParsedLine, _ c: ClientSession) {
+    func process(_ parsed: __owned ParsedLine, _ c: ClientSession) {
         c.requests += 1
         // Events held back before this request are written before its response (§6.6).
         if !c.coalesced.isEmpty { flushCoalesced(c) }
@@ -487,8 +492,10 @@ public final class Engine {
         // `min_seq`, no keys to read first, no use to note), so it goes to
         // `mutate` from its line's own mutation and options — no `Request`
         // built, copied apart and destroyed (~500 instructions an update).
-        if case .update(let u, _) = parsed, cluster == nil, persistence == nil {
-            processUpdate(u, parsed, c)
+        // Its parts moved out of the line, not copied.
+        if cluster == nil, persistence == nil, case .update = parsed {
+            guard case .update(let u, let line) = consume parsed else { return }
+            processUpdate(u, line, c)
             return
         }
         var value: JSON
@@ -572,8 +579,8 @@ public final class Engine {
 
     /// `process` of an update read from its bytes, on a single server
     /// without a backend: the same steps as the general path.
-    private func processUpdate(_ u: UpdateLine, _ parsed: ParsedLine, _ c: ClientSession) {
-        beginVerbatim(parsed)
+    private func processUpdate(_ u: UpdateLine, _ line: ArraySlice<UInt8>, _ c: ClientSession) {
+        beginVerbatim(u, line)
         defer { endVerbatim() }
         if isShuttingDown {
             respondError(c, rid: u.rid, ProtocolError(.shuttingDown, "the server is shutting down"))
