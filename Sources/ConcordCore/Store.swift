@@ -249,8 +249,7 @@ final class Store {
         let mark = rec.mutationMark
         guard mark >> EntityRecord.markBits == mutationGeneration, mark & EntityRecord.written != 0,
               mark & EntityRecord.childrenChanged == 0 else { return false }
-        for c in rec.children.keys where valueChanged.contains(c) { return false }
-        return true
+        return !rec.children.containsID { valueChanged.contains($0) }
     }
 
     /// The value of a record when the stored-depth check has to walk it;

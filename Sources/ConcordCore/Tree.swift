@@ -629,6 +629,18 @@ struct Children: Sequence, Equatable, CustomStringConvertible {
     var count: Int { one == nil ? more.count : 1 }
     var keys: LazyMapSequence<Children, String> { lazy.map(\.id) }
 
+    /// Whether some child's identity satisfies `p`, read in place: a lone
+    /// child (the common case) is one test, with no iterator made (the
+    /// iterator copied both fields: ~150 instructions for one child).
+    @inline(__always)
+    func containsID(where p: (String) -> Bool) -> Bool {
+        if let one { return p(one) }
+        return more.withUnsafeBufferPointer { b in
+            for i in b.indices where p(b[i].id) { return true }
+            return false
+        }
+    }
+
     /// A long list's index: identities by their bytes (`IDTable`, as the
     /// store's tables: "é" composed and decomposed are two entities).
     typealias Index = IDTable<Int>
