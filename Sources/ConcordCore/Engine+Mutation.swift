@@ -73,7 +73,8 @@ extension Engine {
             // filled again by the next update (nothing holds it any more
             // once the effects are gone).
             var spare = EntityMap()
-            if effects.count == 1, case .update(let u) = effects[0] { spare = u.swap }
+            // Moved out of the list, not copied from it.
+            if effects.count == 1, case .update(let u) = effects.removeLast() { spare = u.swap }
             effects.drain()
             effectsScratch = effects
             store.reuse(&spare)
