@@ -17,9 +17,13 @@
 # valgrind reads), runs that copy, and also prints FILE's lines with their
 # cost per update (inlined code is counted where it was inlined from, when
 # the compiler kept the line; the rest is the file's "unidentified lines").
+# With --alone the updates go one at a time, each after the previous answer
+# (`make bench-instructions`' last row; one subscriber): what a request that
+# arrives alone costs beyond the pipelined one (the loop's reads and writes,
+# the hand-offs, a turn per request).
 #   usage: scripts/profile-update.py [CONCORD_SERVER] [--subs 1] [-n 2000] [--top 40]
 #                                    [--callers NAME] [--callees NAME] [--keep DIR]
-#                                    [--lines FILE]
+#                                    [--lines FILE] [--alone]
 # Fails (exit 1) when a run measured nothing.
 import collections, importlib.util, os, re, shutil, subprocess, sys, tempfile
 
@@ -35,6 +39,8 @@ CALLERS = opt("--callers", None)
 CALLEES = opt("--callees", None)
 KEEP = opt("--keep", None)
 LINES = opt("--lines", None)
+ALONE = "--alone" in args
+if ALONE: args.remove("--alone")
 SERVER = args[0] if args else ".build/release/concord-server"
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -54,6 +60,7 @@ PHASES = [
     ("  handle a parsed line", "Engine.handle("),
     ("    decode the request", "static Request.decode("),
     ("    dispatch", "Engine.dispatch("),
+    ("    an update (single server, no backend)", "Engine.processUpdate("),
     ("      the mutation", "Engine.mutate("),
     ("        prepare the update", "Store.prepareUpdate("),
     ("        apply it to the store", "Store.apply(_:into:)"),
@@ -149,12 +156,18 @@ def main():
     else:
         stripped = d + "/concord-server.nodebug"
         subprocess.check_call(["objcopy", "--strip-debug", SERVER, stripped])
-    full = ivr.run_concord(stripped, SUBS, N, d)
-    base = ivr.run_concord(stripped, SUBS, 0, d)
+    if ALONE:
+        full = ivr.run_concord_sequential(stripped, N, d, False)
+        base = ivr.run_concord_sequential(stripped, 0, d, False)
+        a, b = f"{d}/concord.seq.0.{N}.out", f"{d}/concord.seq.0.0.out"
+    else:
+        full = ivr.run_concord(stripped, SUBS, N, d)
+        base = ivr.run_concord(stripped, SUBS, 0, d)
+        a, b = f"{d}/concord.{SUBS}.{N}.out", f"{d}/concord.{SUBS}.0.out"
     per = (full - base) / N
     if per <= 0: sys.exit(f"measured nothing; logs in {d}")
-    a, b = f"{d}/concord.{SUBS}.{N}.out", f"{d}/concord.{SUBS}.0.out"
-    print(f"{per:,.0f} instructions per update, whole process, {SUBS} key subscriber(s), {N} updates\n")
+    how = "one at a time, 1 key subscriber" if ALONE else f"{SUBS} key subscriber(s)"
+    print(f"{per:,.0f} instructions per update, whole process, {how}, {N} updates\n")
 
     inc_a, inc_b = costs(a, True), costs(b, True)
     dem = demangler(list(inc_a))

@@ -7,16 +7,16 @@ import Glibc
 #endif
 
 /// Hand-off from the sequencer thread to the loop: deliveries queue here
-/// and one `uv_async_send` (which coalesces) wakes the loop for all of them.
+/// and one wake-up (``LoopWakeup``, which coalesces) wakes the loop for all
+/// of them.
 final class Bridge: @unchecked Sendable {
-    // Sendable: `pending` is guarded by `condition`; `async` is only passed to
-    // uv_async_send, the one libuv call that is safe from any thread.
+    // Sendable: `pending` is guarded by `condition`; `wakeup` is thread-safe.
     private let condition = Condition()
     private var pending: [Sequencer.Delivery] = []
     private var closed = false
-    let async: UnsafeMutablePointer<uv_async_t>
+    let wakeup: LoopWakeup
 
-    init(async: UnsafeMutablePointer<uv_async_t>) { self.async = async }
+    init(wakeup: LoopWakeup) { self.wakeup = wakeup }
 
     /// Emptied lists on their way back to the thread that fills them.
     private var spares = SpareLists()
@@ -41,16 +41,16 @@ final class Bridge: @unchecked Sendable {
     }
 
     /// Queues `d` and wakes the loop (the lock held); false after shutdown:
-    /// the async handle is gone, and late output has no reader left.
+    /// the loop no longer polls, and late output has no reader left.
     @discardableResult
     private func postLocked(_ d: Sequencer.Delivery) -> Bool {
         guard !closed else { return false }
         pending.append(d)
-        uvMust("uv_async_send", uv_async_send(async))
+        wakeup.wake()
         return true
     }
 
-    /// Called on the loop before the async handle is closed.
+    /// Called on the loop before its poll of the wake-up is closed.
     func close() {
         condition.lock()
         closed = true

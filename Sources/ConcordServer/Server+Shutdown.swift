@@ -66,6 +66,7 @@ extension Server {
         signalHandles = []
         clusterLink?.close()
         bridge.close()
+        uv_poll_stop(wakeHandle)
         uv_close(asHandle(wakeHandle), nil)
     }
 }

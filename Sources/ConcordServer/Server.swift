@@ -24,7 +24,8 @@ public final class Server {
     let logger: Logger
     let loop: UnsafeMutablePointer<uv_loop_t>
     var listener: UnsafeMutablePointer<uv_pipe_t>?
-    let wakeHandle: UnsafeMutablePointer<uv_async_t>
+    /// The loop's poll of the sequencer's wake-ups (``LoopWakeup``).
+    let wakeHandle: UnsafeMutablePointer<uv_poll_t>
     var signalHandles: [UnsafeMutablePointer<uv_signal_t>] = []
     var drainTimer: UnsafeMutablePointer<uv_timer_t>?
     var overflowTimer: UnsafeMutablePointer<uv_timer_t>?
@@ -84,7 +85,7 @@ public final class Server {
         loop = .allocate(capacity: 1)
         uvMust("uv_loop_init", uv_loop_init(loop))
         wakeHandle = .allocate(capacity: 1)
-        bridge = Bridge(async: wakeHandle)
+        bridge = Bridge(wakeup: LoopWakeup())
     }
 
     deinit {
@@ -107,6 +108,9 @@ public final class Server {
         sigaddset(&set, SIGTERM)
         pthread_sigmask(SIG_UNBLOCK, &set, nil)
         uv_loop_set_data(loop, Unmanaged.passUnretained(self).toOpaque())
+        guard bridge.wakeup.fd >= 0 else {
+            throw StartupError(description: "eventfd: \(String(cString: strerror(bridge.wakeup.openError)))")
+        }
         try prepareSocketPath()
 
         let bridge = self.bridge
@@ -156,8 +160,13 @@ public final class Server {
             }
         }
 
-        uvMust("uv_async_init", uv_async_init(loop, wakeHandle) { h in Server.from(h).deliveriesArrived() })
+        uvMust("uv_poll_init", uv_poll_init(loop, wakeHandle, bridge.wakeup.fd))
         uv_handle_set_data(asHandle(wakeHandle), Unmanaged.passUnretained(self).toOpaque())
+        uvMust("uv_poll_start", uv_poll_start(wakeHandle, Int32(UV_READABLE.rawValue)) { h, _, _ in
+            let server = Server.from(h)
+            server.bridge.wakeup.consume()
+            server.deliveriesArrived()
+        })
         for sig in [SIGINT, SIGTERM] {
             let s = UnsafeMutablePointer<uv_signal_t>.allocate(capacity: 1)
             uvMust("uv_signal_init", uv_signal_init(loop, s))
