@@ -23,8 +23,9 @@ final class Bridge: @unchecked Sendable {
 
     func post(_ d: Sequencer.Delivery) {
         condition.lock()
-        defer { condition.unlock() }
-        postLocked(d)
+        let posted = postLocked(d)
+        condition.unlock()
+        if posted { wakeup.wake() }
     }
 
     /// `post`, and under the same lock the sequencer's spares trade places
@@ -32,21 +33,29 @@ final class Bridge: @unchecked Sendable {
     /// and takes the delivery lists the loop emptied.
     func post(_ d: Sequencer.Delivery, exchanging mine: inout SpareLists) {
         condition.lock()
-        defer { condition.unlock() }
-        guard postLocked(d) else { return }
+        guard postLocked(d) else {
+            condition.unlock()
+            return
+        }
         SpareLists.give(&mine.frames, to: &spares.frames)
         SpareLists.give(&spares.outputs, to: &mine.outputs)
         SpareLists.give(&spares.chunks, to: &mine.chunks)
         SpareLists.give(&spares.stamps, to: &mine.stamps)
+        condition.unlock()
+        wakeup.wake()
     }
 
-    /// Queues `d` and wakes the loop (the lock held); false after shutdown:
-    /// the loop no longer polls, and late output has no reader left.
-    @discardableResult
+    /// Queues `d` (the lock held); false after shutdown: the loop no longer
+    /// polls, and late output has no reader left. The caller wakes the
+    /// loop once it has let go of the lock: woken under it, the loop often
+    /// reached `take` while the sender was still in its `write` and slept
+    /// on the lock (a futex round trip more per delivery). Outside it is
+    /// safe: a `take` that runs first sees the delivery (queued before the
+    /// unlock), and the wake-up then finds nothing; the eventfd lives as
+    /// long as this bridge.
     private func postLocked(_ d: Sequencer.Delivery) -> Bool {
         guard !closed else { return false }
         pending.append(d)
-        wakeup.wake()
         return true
     }
 
