@@ -119,8 +119,6 @@ extension Engine {
                     throw ProtocolError(.badRequest, "not allowed in a batch")
                 }
             }
-            // What apply knew of one update's document holds only while that update is all there is.
-            if ops.count > 1 { store.forgetDocumentOfRoot() }
             try checkStoredDepth(change)
         } catch {
             store.rollback()

@@ -115,7 +115,7 @@ final class DocumentRecord {
     var journalIndex: Int32 = 0
     /// Set by the update that last wrote this document when the document
     /// is, before and after, its root entity's stored value and changed
-    /// with it (`Store.documentOfRoot`). Read only while `journalMark` is
+    /// with it (`Store.rootOfDocument`). Read only while `journalMark` is
     /// the running mutation's (every write clears it).
     var followsRoot = false
 
@@ -244,7 +244,7 @@ final class Store {
 
     /// Whether the running mutation wrote `rec` and changed none of the
     /// entities it holds (`soleChangedEntity`'s test, for a caller that
-    /// has the record: `documentOfRoot`).
+    /// has the record: `root(following:)`).
     func isSoleChange(_ rec: EntityRecord, valueChanged: ChangeSet) -> Bool {
         let mark = rec.mutationMark
         guard mark >> EntityRecord.markBits == mutationGeneration, mark & EntityRecord.written != 0,
@@ -482,16 +482,11 @@ final class Store {
 
     /// The document under `key` before the running mutation (nil: absent).
     func documentBeforeMutation(_ key: String) -> JSON? {
-        documentNowAndBefore(key).before
+        documentRecordNowAndBefore(key).before
     }
 
-    /// The document under `key` now and before the running mutation, with one lookup.
-    func documentNowAndBefore(_ key: String) -> (now: JSON?, before: JSON?) {
-        let r = documentRecordNowAndBefore(key)
-        return (r.record?.value, r.before)
-    }
-
-    /// `documentNowAndBefore`, with the record (nil: absent).
+    /// The record under `key` now (nil: absent) and its document before
+    /// the running mutation, with one lookup.
     func documentRecordNowAndBefore(_ key: String) -> (record: DocumentRecord?, before: JSON?) {
         if let doc = documents[key] {
             return (doc, doc.journalMark == mutationGeneration ? documentJournal[Int(doc.journalIndex)].old : doc.value)
@@ -715,9 +710,13 @@ final class Store {
 
 
     /// Writes a prepared update and re-materializes everything that holds its entities.
+    /// One op of several (a batch) or a snapshot's load: what `apply`
+    /// learns of the update's document (`rootOfDocument`) describes one
+    /// update's mutation only, so it is not kept.
     func apply(_ u: PreparedUpdate) -> StoreChange {
         var change = StoreChange()
         apply(u, into: &change)
+        rootOfDocument = nil
         return change
     }
 
@@ -812,12 +811,10 @@ final class Store {
     /// `followsRoot`). Render then knows the document's change from the
     /// record alone: no identity read, no lookup, no walk. Unretained: the
     /// record is in `writtenInMutation` until `commit` or `rollback`, which
-    /// clear this, as the next `apply` does; a mutation of several ops
-    /// clears it (`forgetDocumentOfRoot`), so it only ever describes a
-    /// one-update mutation's document.
+    /// clear this, as the next `apply` does; the `apply` that returns its
+    /// change (a batch's ops, a snapshot's load) does not keep it, so it
+    /// only ever describes a one-update mutation's document.
     private(set) var rootOfDocument: (record: Unmanaged<EntityRecord>, id: String)?
-
-    func forgetDocumentOfRoot() { rootOfDocument = nil }
 
     /// The root entity and its record when the running update's document
     /// `doc` changed exactly as that entity did (see `rootOfDocument`).
