@@ -1,3 +1,4 @@
+import Foundation
 import Synchronization
 import Testing
 
@@ -44,34 +45,47 @@ struct LoopWakeupTests {
 
     /// Producers post (count, then wake) while a consumer polls, consumes
     /// and reads the count, as the loop does: a lost wake-up leaves the
-    /// consumer waiting with posts it has not seen.
-    @Test func noWakeUpIsLostWhenPostsRaceTheConsumer() async {
+    /// consumer waiting with posts it has not seen. Threads of their own,
+    /// not tasks: the consumer blocks in `poll`, and blocking the shared
+    /// task pool (which the suite's other tests use at the same time) kept
+    /// the producers from running under a sanitizer.
+    @Test func noWakeUpIsLostWhenPostsRaceTheConsumer() {
         let w = LoopWakeup()
         let posted = Count()
         let producers = 4, each = 20_000
         let total = producers * each
-        let consumer = Task.detached { () -> (seen: Int, stuck: Bool) in
+        final class Result: @unchecked Sendable {
+            // Written by the consumer thread before it signals `done`.
             var seen = 0
-            while seen < total {
-                // 5 s without a wake-up while posts are outstanding: one was lost.
-                guard Self.readable(w, within: 5000) else { return (seen, true) }
-                w.consume()
-                seen = posted.value.load(ordering: .sequentiallyConsistent)
-            }
-            return (seen, false)
+            var stuck = false
         }
-        await withTaskGroup(of: Void.self) { g in
-            for _ in 0..<producers {
-                g.addTask {
-                    for _ in 0..<each {
-                        posted.value.add(1, ordering: .sequentiallyConsistent)
-                        w.wake()
-                    }
+        let result = Result()
+        let done = DispatchSemaphore(value: 0)
+        Thread {
+            while result.seen < total {
+                // 60 s without a wake-up while posts are outstanding: one was lost.
+                guard Self.readable(w, within: 60_000) else {
+                    result.stuck = true
+                    break
                 }
+                w.consume()
+                result.seen = posted.value.load(ordering: .sequentiallyConsistent)
             }
+            done.signal()
+        }.start()
+        let finished = DispatchSemaphore(value: 0)
+        for _ in 0..<producers {
+            Thread {
+                for _ in 0..<each {
+                    posted.value.add(1, ordering: .sequentiallyConsistent)
+                    w.wake()
+                }
+                finished.signal()
+            }.start()
         }
-        let r = await consumer.value
-        #expect(!r.stuck, "the consumer saw \(r.seen) of \(total) posts and no wake-up came")
-        #expect(r.seen == total)
+        for _ in 0..<producers { finished.wait() }
+        done.wait()
+        #expect(!result.stuck, "the consumer saw \(result.seen) of \(total) posts and no wake-up came")
+        #expect(result.seen == total)
     }
 }
