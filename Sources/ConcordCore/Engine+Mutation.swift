@@ -154,6 +154,10 @@ extension Engine {
         } else {
             for id in change.valueChanged { try check(id, store.valueForDepthCheck(id)) }
         }
+        // The update's own document, changed as its root entity did
+        // (`Store.rootOfDocument`), is that entity's stored value: when it is
+        // the only document changed, there is nothing more to look at.
+        if store.rootOfDocument != nil && change.documentsChanged.count == 1 { return }
         for key in change.documentsChanged {
             // A document whose root is an entity is that entity's stored
             // value, checked above (or unchanged and checked before).
