@@ -551,6 +551,11 @@ final class Store {
         /// The model's identity when it is an entity (then the first of
         /// `values`): found once here for everything after that asks.
         var root: String? = nil
+        /// The top-most entities nested in the root entity's value, when
+        /// that value is `model` as it came (a replace whose identities
+        /// each occur once), found by the flatten walk: the root's record
+        /// takes them without a walk of its own (`setEntity`).
+        var rootChildren: Children? = nil
     }
 
     /// Computes the new versions of an update's entities without writing them.
@@ -558,11 +563,13 @@ final class Store {
     func prepareUpdate(model: JSON, key: String?, mode: UpdateMode, force: Bool) throws(ProtocolError) -> PreparedUpdate {
         var winners = EntityMap()
         swap(&winners, &spareEntityMap)
-        let (repeated, root) = tree.flattenCounting(model, into: &winners)
+        var rootChildren = Children()
+        let (repeated, root) = tree.flattenCounting(model, into: &winners, rootChildren: &rootChildren)
         // With each identity once, every nested occurrence already is its winner.
         let resolved = repeated ? tree.resolve(winners) : winners
         guard mode == .merge else {
-            return PreparedUpdate(values: resolved, partials: nil, mode: mode, force: force, key: key, model: model, withinDepth: !repeated, root: root)
+            return PreparedUpdate(values: resolved, partials: nil, mode: mode, force: force, key: key, model: model, withinDepth: !repeated, root: root,
+                                  rootChildren: repeated || root == nil ? nil : rootChildren)
         }
         // Merge: members present in the update win, absent ones are kept from
         // the stored record; nested entities merge by identity on their own.
@@ -758,8 +765,10 @@ final class Store {
                 change.valueChanged.insert(id)
                 _ = created.insert(id)
             }
-            let rec = setEntity(id, newValue, resident: resident, withinDepth: u.withinDepth)
-            if changed.isEmpty, let root = u.root, sameText(root, id) { rootRecord = rec }
+            // The root comes first; its value is the model when `rootChildren` is known.
+            let isRoot = changed.isEmpty && u.root.map { sameText($0, id) } == true
+            let rec = setEntity(id, newValue, resident: resident, withinDepth: u.withinDepth, children: isRoot ? u.rootChildren : nil)
+            if isRoot { rootRecord = rec }
             changed.append((id, rec))
         }
         if !carriedAlong.isEmpty && !created.isEmpty { shareCarriedAlong(changed, u, carriedAlong, created) }
@@ -1207,7 +1216,12 @@ final class Store {
         setEntity(id, value, resident: entities[id], withinDepth: withinDepth)
     }
 
-    private func setEntity(_ id: String, _ value: JSON, resident: EntityRecord?, withinDepth: Bool) -> EntityRecord {
+    /// `children`: `value`'s nested entities when the caller knows them
+    /// (`PreparedUpdate.rootChildren`), else they are found by a walk.
+    private func setEntity(_ id: String, _ value: JSON, resident: EntityRecord?, withinDepth: Bool, children known: Children? = nil) -> EntityRecord {
+        if beforeCheck != nil, let known, known != tree.nestedEntities(value) {  // under the internal checks
+            preconditionFailure("Concord internal check failed: the nested entities of '\(id)' found by the flatten walk differ from its value's")
+        }
         var absentEntry = -1
         if let resident {
             keepBefore(resident)
@@ -1220,7 +1234,8 @@ final class Store {
         if let rec = resident {
             if !writtenInThisMutation(rec) { writtenInMutation.append((id, rec)) }
             markMutation(rec, mark)
-            if let newChildren = tree.nestedEntities(value, unlessSameAs: rec.children, scratch: &childrenScratch) {
+            let newChildren = known.map { $0 == rec.children ? nil : $0 } ?? tree.nestedEntities(value, unlessSameAs: rec.children, scratch: &childrenScratch)
+            if let newChildren {
                 markMutation(rec, EntityRecord.childrenChanged)
                 for (c, n) in rec.children { adjustReferrer(of: c, entity: id, rec, by: -n) }
                 for (c, n) in newChildren { adjustReferrer(of: c, entity: id, rec, by: n) }
@@ -1229,7 +1244,7 @@ final class Store {
             rec.value = value
             return rec
         } else {
-            let newChildren = tree.nestedEntities(value)
+            let newChildren = known ?? tree.nestedEntities(value)
             let rec = EntityRecord(value: value, children: newChildren)
             rec.journalIndex = Int32(absentEntry)
             rec.held = (referrers[id] == nil ? 0 : EntityRecord.heldByEntities)

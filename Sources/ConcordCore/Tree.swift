@@ -26,17 +26,44 @@ struct Tree {
     /// reused); returns whether some identity occurs more than once, and
     /// `root`'s identity when it is an entity (then the first of `winners`).
     func flattenCounting(_ root: JSON, into winners: inout EntityMap) -> (repeated: Bool, root: String?) {
+        var rootChildren = Children()
+        return flattenCounting(root, into: &winners, rootChildren: &rootChildren)
+    }
+
+    /// `flattenCounting`, also listing in `rootChildren` (empty) the
+    /// top-most entities nested in `root` when `root` is an entity — what
+    /// `nestedEntities(root)` gives, found by the same walk. (When an
+    /// identity repeats, `root` may not be its own winner: the caller
+    /// then uses neither.)
+    func flattenCounting(_ root: JSON, into winners: inout EntityMap, rootChildren: inout Children) -> (repeated: Bool, root: String?) {
         var repeated = false
         guard case .object(let o) = root, let id = o.identity(idKey: idKey) else {
             forEachEntity(root) { id, v in if !winners.set(id, v) { repeated = true } }
             return (repeated, nil)
         }
-        // `forEachEntity`'s walk, with the root's identity kept.
+        // `forEachEntity`'s walk, with the root's identity kept and the
+        // first entity on each path below it noted as its child.
         _ = winners.set(id, root)
-        let members = o.members
-        for i in members.indices where members[i].value.isContainer {
-            forEachEntity(members[i].value) { id, v in if !winners.set(id, v) { repeated = true } }
+        var index: Children.Index? = nil
+        func walk(_ v: JSON, below: Bool) {
+            switch v {
+            case .object(let o):
+                var below = below
+                if let id = o.identity(idKey: idKey) {
+                    if !winners.set(id, v) { repeated = true }
+                    if !below { rootChildren.add(id, index: &index) }
+                    below = true
+                }
+                let members = o.members
+                for i in members.indices where members[i].value.isContainer { walk(members[i].value, below: below) }
+            case .array(let a):
+                for i in a.indices where a[i].isContainer { walk(a[i], below: below) }
+            default:
+                break
+            }
         }
+        let members = o.members
+        for i in members.indices where members[i].value.isContainer { walk(members[i].value, below: false) }
         return (repeated, id)
     }
 
