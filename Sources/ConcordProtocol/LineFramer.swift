@@ -1,3 +1,9 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// Splits a byte stream into lines (PROTOCOL.md §1).
 ///
 /// A line ends with `\n`; a `\r` before it is dropped. A line longer than
@@ -140,27 +146,12 @@ public struct LineFramer: Sendable {
     }
 }
 
-/// The index of the first newline in `p[0..<count]`: eight bytes at a
-/// time (a lane is zero where `w ^ 0x0A…` has a zero byte; the lowest
-/// flagged lane is exact), the rest byte by byte. This module imports
-/// nothing, not even Glibc's `memchr`; the byte loop it replaces cost ~4.5
-/// instructions a byte, about 1,000 for a line of an update.
+/// The index of the first newline in `p[0..<count]`: the C library's
+/// `memchr` (glibc's reads 32 bytes a step with AVX2: ~60 instructions for
+/// an update's line, against ~260 for the eight-bytes-a-step loop it
+/// replaces, and ~1,000 for a byte loop).
 @inline(__always)
 private func memchrNewline(_ p: UnsafeRawPointer, _ count: Int) -> Int? {
-    let ones: UInt64 = 0x0101_0101_0101_0101
-    let highs: UInt64 = 0x8080_8080_8080_8080
-    let newlines: UInt64 = 0x0A0A_0A0A_0A0A_0A0A
-    var i = 0
-    while i &+ 8 <= count {
-        let w = UInt64(littleEndian: p.loadUnaligned(fromByteOffset: i, as: UInt64.self)) ^ newlines
-        let m = (w &- ones) & ~w & highs
-        if m != 0 { return i &+ (m.trailingZeroBitCount &>> 3) }
-        i &+= 8
-    }
-    let bytes = p.assumingMemoryBound(to: UInt8.self)
-    while i < count {
-        if bytes[i] == 0x0A { return i }
-        i &+= 1
-    }
-    return nil
+    guard count > 0, let hit = memchr(p, 0x0A, count) else { return nil }
+    return UnsafeRawPointer(hit) - p
 }
