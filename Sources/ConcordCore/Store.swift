@@ -750,14 +750,19 @@ final class Store {
                 // Written as it is (an author carried along unchanged): the
                 // stored value stays, with its children and marks; nothing
                 // to journal, re-index or propagate. Spelled alike is the
-                // common case and implies equal: one pass decides both.
-                if old.hasSameEncoding(as: newValue) {
-                    _ = carriedAlong.insert(id)
-                    continue
-                }
+                // common case and implies equal: one pass decides both
+                // (and, for an object, whether it is equal at all).
                 // Equal values have equal records; the record comparison only
                 // matters to feed subscriptions.
-                guard old != newValue else { continue }
+                switch old.likeness(to: newValue) {
+                case .sameEncoding:
+                    _ = carriedAlong.insert(id)
+                    continue
+                case .equal:
+                    continue
+                case .different:
+                    break
+                }
                 change.valueChanged.insert(id)
                 if trackRecordChanges && !tree.sameRecord(old, newValue) { change.recordChanged.insert(id) }
             } else {

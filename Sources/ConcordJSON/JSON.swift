@@ -308,6 +308,40 @@ extension JSON {
     static func sameEncoding(_ lhs: JSON, _ rhs: JSON) -> Bool { same(lhs, rhs, exact: true) }
 }
 
+/// How two values compare: written as the same bytes, equal (`==`) but
+/// written otherwise, or different.
+public enum JSONLikeness: Sendable, Equatable {
+    case sameEncoding, equal, different
+}
+
+extension JSON {
+    /// ``hasSameEncoding(as:)`` and `==` in one pass over two objects
+    /// whose members are in the same order (a stored entity and its new
+    /// version): the members that are spelled alike are compared once, not
+    /// again by `==` when a later one differs. Other values, and objects
+    /// whose members are in another order, are compared by both.
+    public func likeness(to other: JSON) -> JSONLikeness {
+        guard case .object(let a) = self, case .object(let b) = other else {
+            return Self.sameEncoding(self, other) ? .sameEncoding : (self == other ? .equal : .different)
+        }
+        return a.members.withUnsafeBufferPointer { x in
+            b.members.withUnsafeBufferPointer { y in
+                // Equal objects have as many members (the parser keeps one per name).
+                guard x.count == y.count else { return .different }
+                if x.count == 0 || x.baseAddress == y.baseAddress { return .sameEncoding }
+                var exact = true
+                for i in 0 ..< x.count {
+                    guard sameText(x[i].key, y[i].key) else { return a == b ? .equal : .different }
+                    if exact && Self.sameEncoding(x[i].value, y[i].value) { continue }
+                    guard x[i].value == y[i].value else { return .different }
+                    exact = false
+                }
+                return exact ? .sameEncoding : .equal
+            }
+        }
+    }
+}
+
 /// True when two non-empty arrays share one buffer (so they are equal).
 @inlinable @inline(__always)
 public func sameBuffer<T>(_ a: [T], _ b: [T]) -> Bool {

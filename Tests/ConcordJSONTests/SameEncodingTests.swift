@@ -32,6 +32,43 @@ struct SameEncodingTests {
     }
 }
 
+/// `likeness(to:)`: in one pass, what `hasSameEncoding` and `==` say
+/// together, for every pair (objects in the same member order, in another,
+/// nested, numbers spelled otherwise, a difference before or after one).
+struct LikenessTests {
+    func v(_ s: String) -> JSON { try! JSONParser().parse(s) }
+
+    @Test func oneVerdictAgreeingWithBothComparisons() {
+        let values = [
+            #"{"id":"P:1","a":1,"b":[1,2,{"c":null}]}"#,
+            #"{"id":"P:1","a":1.0,"b":[1,2,{"c":null}]}"#,
+            #"{"id":"P:1","a":1,"b":[1,2,{"c":0}]}"#,
+            #"{"id":"P:1","a":2,"b":[1,2,{"c":null}]}"#,
+            #"{"id":"P:1","b":[1,2,{"c":null}],"a":1}"#,
+            #"{"id":"P:1","b":[1,2,{"c":null}],"a":1.0}"#,
+            #"{"id":"P:1","a":1,"b":[1,2,{"c":null}],"d":1}"#,
+            #"{"id":"P:1","a":1.0,"b":[1,2,{"c":1}]}"#,
+            #"{"id":"P:1","x":1,"b":[1,2,{"c":null}]}"#,
+            #"{"id":"P:1","a":1,"b":[1,2,{"c":null,"d":1}]}"#,
+            #"{"id":"P:1","a":1,"b":[1,2,{"c":null}]}"#,
+            #"{}"#, #"[]"#, #"[1,2]"#, #"[1,2.0]"#, #"1.50"#, #"1.5"#, #""x""#, #"null"#,
+        ]
+        var verdicts: Set<String> = []
+        for a in values {
+            for b in values {
+                let x = v(a), y = v(b)
+                let expected: JSONLikeness = x.hasSameEncoding(as: y) ? .sameEncoding : (x == y ? .equal : .different)
+                #expect(x.likeness(to: y) == expected, "\(a) vs \(b)")
+                verdicts.insert("\(expected)")
+            }
+        }
+        #expect(verdicts == ["sameEncoding", "equal", "different"])
+        // One buffer is one value.
+        let shared = v(values[0])
+        #expect(shared.likeness(to: shared) == .sameEncoding)
+    }
+}
+
 /// `JSONObject.merge`: the member as given, unless it is already written
 /// as the same bytes — then the member list is left as it is (a list
 /// shared with another value is not copied).
