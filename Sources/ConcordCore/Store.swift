@@ -739,13 +739,20 @@ final class Store {
         rootOfDocument = nil
         // The root entity's record when the update writes it (its value changed).
         var rootRecord: EntityRecord?
+        // The root entity's record, written or not (its stored value is the update's document).
+        var rootStored: EntityRecord?
         // Entities carried along unchanged and spelled as stored: their
         // stored values can stand in for the request's copies (an entity
         // equal but spelled otherwise cannot: the bytes would change).
         var carriedAlong = IDSet()
         var created = IDSet()
+        var first = true
         for (id, newValue) in u.values {
             let resident = entities[id]
+            // The root comes first (`PreparedUpdate.root`).
+            let isRoot = first && u.root.map { sameText($0, id) } == true
+            first = false
+            if isRoot { rootStored = resident }
             if let old = resident?.value {
                 // Written as it is (an author carried along unchanged): the
                 // stored value stays, with its children and marks; nothing
@@ -770,10 +777,12 @@ final class Store {
                 change.valueChanged.insert(id)
                 _ = created.insert(id)
             }
-            // The root comes first; its value is the model when `rootChildren` is known.
-            let isRoot = changed.isEmpty && u.root.map { sameText($0, id) } == true
+            // Its value is the model when `rootChildren` is known.
             let rec = setEntity(id, newValue, resident: resident, withinDepth: u.withinDepth, children: isRoot ? u.rootChildren : nil)
-            if isRoot { rootRecord = rec }
+            if isRoot {
+                rootRecord = rec
+                rootStored = rec
+            }
             changed.append((id, rec))
         }
         if !carriedAlong.isEmpty && !created.isEmpty { shareCarriedAlong(changed, u, carriedAlong, created) }
@@ -800,8 +809,19 @@ final class Store {
             refreshInCollections(holders.lazy.filter { !valueChanged.contains($0) }, changed: false)
         }
         if let key = u.key {
-            let value = tree.substituteAny(u.model) { entities[$0]?.value }.0
-            let (old, doc) = setDocument(key, value, resident: documents[key])
+            // The model's entities substituted with their stored values: when
+            // the model is an entity, its stored value (read from its record,
+            // no identity read or lookup).
+            let value: JSON
+            if let rootStored {
+                value = rootStored.value
+                if beforeCheck != nil && !value.hasSameEncoding(as: tree.substituteAny(u.model) { entities[$0]?.value }.0) {  // under the internal checks
+                    preconditionFailure("Concord internal check failed: the document of update root '\(u.root!)' is not that entity's stored value")
+                }
+            } else {
+                value = tree.substituteAny(u.model) { entities[$0]?.value }.0
+            }
+            let (old, doc) = setDocument(key, value, resident: documents[key], entity: rootStored == nil ? nil : u.root)
             let (docChanged, asRoot) = documentChanged(old: old, new: value, root: u.root, change: change)
             if docChanged {
                 change.documentsChanged.insert(key)
@@ -1342,19 +1362,29 @@ final class Store {
     /// `resident`: the record under `key` (looked up by the caller).
     /// Returns the value before and the record now (nil: removed).
     @discardableResult
-    private func setDocument(_ key: String, _ value: JSON?, resident old: DocumentRecord?) -> (before: JSON?, record: DocumentRecord?) {
+    /// `entity`: `value`'s identity, when the caller knows it is that entity's value.
+    private func setDocument(_ key: String, _ value: JSON?, resident old: DocumentRecord?, entity: String? = nil) -> (before: JSON?, record: DocumentRecord?) {
         journalDocument(old, key)
         let before = old?.value
         let newChildren: Children
         if let old, let value {
-            guard let c = tree.topEntities(value, unlessSameAs: old.children, scratch: &childrenScratch) else {
+            let found: Children?
+            if let entity {
+                found = old.children.isOnly(entity) ? nil : Children(entity)
+                if beforeCheck != nil && (found ?? old.children) != tree.topEntities(value) {  // under the internal checks
+                    preconditionFailure("Concord internal check failed: the document '\(key)' is not the value of '\(entity)'")
+                }
+            } else {
+                found = tree.topEntities(value, unlessSameAs: old.children, scratch: &childrenScratch)
+            }
+            guard let c = found else {
                 old.value = value
                 old.followsRoot = false
                 return (before, old)
             }
             newChildren = c
         } else {
-            newChildren = value.map { tree.topEntities($0) } ?? Children()
+            newChildren = entity.map { Children($0) } ?? value.map { tree.topEntities($0) } ?? Children()
         }
         if let old {
             for (c, n) in old.children { adjustDocumentReferrer(of: c, key: key, by: -n) }
