@@ -38,6 +38,9 @@ public struct UpdateLine: Sendable {
         init(_ options: MutationOptions) { self.options = options }
     }
 
+    /// Whether the line gave any option (else ``options`` is `MutationOptions()`).
+    @inlinable public var hasOptions: Bool { boxed != nil }
+
     /// Inlinable, as the request below: the engine reads them per update.
     @inlinable public var options: MutationOptions {
         guard let boxed else { return MutationOptions() }
