@@ -34,24 +34,38 @@ struct Tree {
     /// top-most entities nested in `root` when `root` is an entity — what
     /// `nestedEntities(root)` gives, found by the same walk. (When an
     /// identity repeats, `root` may not be its own winner: the caller
-    /// then uses neither.)
+    /// then does not use the list.)
     func flattenCounting(_ root: JSON, into winners: inout EntityMap, rootChildren: inout Children) -> (repeated: Bool, root: String?) {
         var repeated = false
         guard case .object(let o) = root, let id = o.identity(idKey: idKey) else {
-            forEachEntity(root) { id, v in if !winners.set(id, v) { repeated = true } }
+            forEachEntity(root) { id, v, _ in if !winners.set(id, v) { repeated = true } }
             return (repeated, nil)
         }
-        // `forEachEntity`'s walk, with the root's identity kept and the
-        // first entity on each path below it noted as its child.
+        // The root's identity kept, and the first entity on each path
+        // below it noted as its child.
         _ = winners.set(id, root)
         var index: Children.Index? = nil
+        let members = o.members
+        for i in members.indices where members[i].value.isContainer {
+            forEachEntity(members[i].value) { id, v, topMost in
+                if !winners.set(id, v) { repeated = true }
+                if topMost { rootChildren.add(id, index: &index) }
+            }
+        }
+        return (repeated, id)
+    }
+
+    /// `body` with the identity and value of every entity in `value`
+    /// (itself included), in pre-order, and whether it is the first entity
+    /// on its path from `value` (no entity above it); only containers are entered.
+    @inline(__always)
+    func forEachEntity(_ value: JSON, _ body: (String, JSON, _ topMost: Bool) -> Void) {
         func walk(_ v: JSON, below: Bool) {
             switch v {
             case .object(let o):
                 var below = below
                 if let id = o.identity(idKey: idKey) {
-                    if !winners.set(id, v) { repeated = true }
-                    if !below { rootChildren.add(id, index: &index) }
+                    body(id, v, !below)
                     below = true
                 }
                 let members = o.members
@@ -62,28 +76,7 @@ struct Tree {
                 break
             }
         }
-        let members = o.members
-        for i in members.indices where members[i].value.isContainer { walk(members[i].value, below: false) }
-        return (repeated, id)
-    }
-
-    /// `body` with the identity and value of every entity in `value`
-    /// (itself included), in pre-order; only containers are entered.
-    @inline(__always)
-    func forEachEntity(_ value: JSON, _ body: (String, JSON) -> Void) {
-        func walk(_ v: JSON) {
-            switch v {
-            case .object(let o):
-                if let id = o.identity(idKey: idKey) { body(id, v) }
-                let members = o.members
-                for i in members.indices where members[i].value.isContainer { walk(members[i].value) }
-            case .array(let a):
-                for i in a.indices where a[i].isContainer { walk(a[i]) }
-            default:
-                break
-            }
-        }
-        walk(value)
+        walk(value, below: false)
     }
 
     /// Each winner with its nested entities replaced by their own resolved winners,
@@ -414,7 +407,7 @@ struct Tree {
     /// and a dictionary of their values, hashing each twice, to be dropped.
     func identitySet(_ value: JSON, expected: Int = 0) -> Set<String> {
         var ids = Set<String>(minimumCapacity: expected)
-        forEachEntity(value) { id, _ in ids.insert(id) }
+        forEachEntity(value) { id, _, _ in ids.insert(id) }
         return ids
     }
 
