@@ -1416,8 +1416,8 @@ final class Store {
 
     /// `resident`: the record under `key` (looked up by the caller).
     /// Returns the value before and the record now (nil: removed).
-    @discardableResult
     /// `entity`: `value`'s identity, when the caller knows it is that entity's value.
+    @discardableResult
     private func setDocument(_ key: String, _ value: JSON?, resident old: DocumentRecord?, entity: String? = nil) -> (before: JSON?, record: DocumentRecord?) {
         journalDocument(old, key)
         let before = old?.value
@@ -1440,6 +1440,9 @@ final class Store {
             newChildren = c
         } else {
             newChildren = entity.map { Children($0) } ?? value.map { tree.topEntities($0) } ?? Children()
+            if beforeCheck != nil, entity != nil, let value, newChildren != tree.topEntities(value) {  // under the internal checks
+                preconditionFailure("Concord internal check failed: the document '\(key)' is not the value of '\(entity!)'")
+            }
         }
         if let old {
             for (c, n) in old.children { adjustDocumentReferrer(of: c, key: key, by: -n) }
