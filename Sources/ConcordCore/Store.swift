@@ -157,7 +157,9 @@ struct StoreChange {
         }
     }
 
-    /// The box, made or unshared, for a write (a copied change set shares it until then).
+    /// The box, made or unshared, for a write (a copied change set shares
+    /// it until then). The sets below are read from it, or read as empty,
+    /// and written in place through it (`_modify`: an assignment too).
     private mutating func rareForWriting() -> Rare {
         if rare == nil {
             rare = Rare()
@@ -170,32 +172,27 @@ struct StoreChange {
     /// Entities deleted (cascades included).
     var deleted: IDSet {
         get { rare?.deleted ?? IDSet() }
-        set { rareForWriting().deleted = newValue }
-        _modify { let r = rareForWriting(); yield &r.deleted }
+        _modify { yield &rareForWriting().deleted }
     }
     /// Entities forced, plus every entity holding one.
     var forcedHolders: IDSet {
         get { rare?.forcedHolders ?? IDSet() }
-        set { rareForWriting().forcedHolders = newValue }
-        _modify { let r = rareForWriting(); yield &r.forcedHolders }
+        _modify { yield &rareForWriting().forcedHolders }
     }
     /// Documents removed.
     var documentsDeleted: IDSet {
         get { rare?.documentsDeleted ?? IDSet() }
-        set { rareForWriting().documentsDeleted = newValue }
-        _modify { let r = rareForWriting(); yield &r.documentsDeleted }
+        _modify { yield &rareForWriting().documentsDeleted }
     }
     /// Documents that hold a forced entity (told even when unchanged).
     var documentsForced: IDSet {
         get { rare?.documentsForced ?? IDSet() }
-        set { rareForWriting().documentsForced = newValue }
-        _modify { let r = rareForWriting(); yield &r.documentsForced }
+        _modify { yield &rareForWriting().documentsForced }
     }
     /// Collections dropped (`collection.delete`).
     var collectionsDeleted: IDSet {
         get { rare?.collectionsDeleted ?? IDSet() }
-        set { rareForWriting().collectionsDeleted = newValue }
-        _modify { let r = rareForWriting(); yield &r.collectionsDeleted }
+        _modify { yield &rareForWriting().collectionsDeleted }
     }
 
     mutating func formUnion(_ o: StoreChange) {
@@ -1419,19 +1416,15 @@ final class Store {
     /// `entity`: `value`'s identity, when the caller knows it is that entity's value.
     @discardableResult
     private func setDocument(_ key: String, _ value: JSON?, resident old: DocumentRecord?, entity: String? = nil) -> (before: JSON?, record: DocumentRecord?) {
+        if beforeCheck != nil, let entity, let value, tree.topEntities(value) != Children(entity) {  // under the internal checks
+            preconditionFailure("Concord internal check failed: the document '\(key)' is not the value of '\(entity)'")
+        }
         journalDocument(old, key)
         let before = old?.value
         let newChildren: Children
         if let old, let value {
-            let found: Children?
-            if let entity {
-                found = old.children.isOnly(entity) ? nil : Children(entity)
-                if beforeCheck != nil && (found ?? old.children) != tree.topEntities(value) {  // under the internal checks
-                    preconditionFailure("Concord internal check failed: the document '\(key)' is not the value of '\(entity)'")
-                }
-            } else {
-                found = tree.topEntities(value, unlessSameAs: old.children, scratch: &childrenScratch)
-            }
+            let found = entity.map { old.children.isOnly($0) ? nil : Children($0) }
+                ?? tree.topEntities(value, unlessSameAs: old.children, scratch: &childrenScratch)
             guard let c = found else {
                 old.value = value
                 old.followsRoot = false
@@ -1440,9 +1433,6 @@ final class Store {
             newChildren = c
         } else {
             newChildren = entity.map { Children($0) } ?? value.map { tree.topEntities($0) } ?? Children()
-            if beforeCheck != nil, entity != nil, let value, newChildren != tree.topEntities(value) {  // under the internal checks
-                preconditionFailure("Concord internal check failed: the document '\(key)' is not the value of '\(entity!)'")
-            }
         }
         if let old {
             for (c, n) in old.children { adjustDocumentReferrer(of: c, key: key, by: -n) }
