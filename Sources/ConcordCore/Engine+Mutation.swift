@@ -261,17 +261,20 @@ extension Engine {
         var shared: SharedEvent?
         defer { if let shared { keepSharedEventBuffer(shared) } }
         let several = view.hasSeveral
-        view.forEach { s in
-            if let p = s.pause {
-                if changed {
-                    p.changed = true
-                    p.context = context
-                    noteHeldBack(s, p)
+        view.forEachUnretained { s in
+            // The connection outlives its subscriptions: borrowed, not retained.
+            Unmanaged.passUnretained(s.client)._withUnsafeGuaranteedRef { c in
+                if !c.pauses.isEmpty, let p = c.pauses[ObjectIdentifier(s)] {
+                    if changed {
+                        p.changed = true
+                        p.context = context
+                        noteHeldBack(s, p)
+                    }
+                    return
                 }
-                return
+                if !origins.isEmpty && origins.contains(ObjectIdentifier(s)) { return }
+                enqueue(&shared, several, event, seq, payload, to: s, of: c)
             }
-            if origins.contains(ObjectIdentifier(s)) { return }
-            enqueue(&shared, several, event, seq, payload, to: s)
         }
     }
 
@@ -283,22 +286,31 @@ extension Engine {
     /// one subscriber, sharing costs more than it saves.
     func enqueue(_ shared: inout SharedEvent?, _ several: Bool, _ event: StaticString, _ seq: Int,
                  _ payload: OutputBytes, to s: SubscriptionRecord) {
+        Unmanaged.passUnretained(s.client)._withUnsafeGuaranteedRef { c in
+            enqueue(&shared, several, event, seq, payload, to: s, of: c)
+        }
+    }
+
+    /// `enqueue` with the subscription's connection `c` at hand.
+    @inline(__always)
+    func enqueue(_ shared: inout SharedEvent?, _ several: Bool, _ event: StaticString, _ seq: Int,
+                 _ payload: OutputBytes, to s: SubscriptionRecord, of c: ClientSession) {
         if several && payload.count <= OutputQueue.copyLimit {
             if shared == nil {
                 shared = SharedEvent(event, seq, payload, buffer: sharedEventBuffer)
                 sharedEventBuffer = []
             }
             shared!.bytes.withUnsafeBytes { b in
-                s.client.output.appendEvent(head: UnsafeRawBufferPointer(rebasing: b[..<shared!.headCount]), s,
-                                            tail: UnsafeRawBufferPointer(rebasing: b[shared!.headCount...]))
+                c.output.appendEvent(head: UnsafeRawBufferPointer(rebasing: b[..<shared!.headCount]), s,
+                                     tail: UnsafeRawBufferPointer(rebasing: b[shared!.headCount...]))
             }
         } else {
-            if !s.client.output.appendEventHeader(event, s, seq: seq) {
-                s.client.output.write { eventHeader(&$0, event, s, seq) }
+            if !c.output.appendEventHeader(event, s, seq: seq) {
+                c.output.write { eventHeader(&$0, event, s, seq) }
             }
-            s.client.output.append(shared: payload)
+            c.output.append(shared: payload)
         }
-        markDirty(s.client)
+        markDirty(c)
     }
 
     func sendEntity(_ s: SubscriptionRecord, _ id: String, _ payload: OutputBytes, seq: Int, changed: Bool,

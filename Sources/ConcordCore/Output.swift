@@ -101,6 +101,11 @@ public struct OutputChunk: Sendable {
 public struct OutputQueue {
     /// The block being written: bytes `0..<filled` are written; `runStart..<filled` not yet handed out.
     private var block: OutputBytes? = nil
+    /// `block`'s bytes and size, kept beside it: finding room in the block
+    /// (every event of a fan-out) then reads neither the object nor its
+    /// reference count.
+    private var blockBase: UnsafeMutableRawPointer? = nil
+    private var blockSize = 0
     private var filled = 0
     private var runStart = 0
     /// The size of the next block (grows while blocks fill up between takes).
@@ -128,7 +133,7 @@ public struct OutputQueue {
     /// Room for `n` more bytes in the block: where to write them.
     @inline(__always)
     private mutating func space(_ n: Int) -> UnsafeMutableRawPointer {
-        if let b = block, b.count - filled >= n { return b.base + filled }
+        if let base = blockBase, blockSize &- filled >= n { return base + filled }
         return newBlock(n)
     }
 
@@ -137,6 +142,8 @@ public struct OutputQueue {
         if block != nil { nextBlock = min(nextBlock * 2, Self.maxBlock) }
         let b = OutputBytes.block(capacity: max(n, nextBlock))
         block = b
+        blockBase = b.base
+        blockSize = b.count
         filled = 0
         runStart = 0
         return b.base
@@ -181,22 +188,20 @@ public struct OutputQueue {
             if tail.last == 0x0A { lineCount += 1 }
             return
         }
-        var name = s.name
-        name.withUTF8 { n in
-            let total = head.count + n.count + 2 + tail.count
-            var p = space(total)
-            p.copyMemory(from: head.baseAddress!, byteCount: head.count)
-            p += head.count
-            p.storeBytes(of: 0x22, as: UInt8.self)
-            p += 1
-            if n.count > 0 { p.copyMemory(from: n.baseAddress!, byteCount: n.count) }
-            p += n.count
-            p.storeBytes(of: 0x22, as: UInt8.self)
-            p += 1
-            p.copyMemory(from: tail.baseAddress!, byteCount: tail.count)
-            filled += total
-            byteCount += total
-        }
+        let nameCount = s.nameCount
+        let total = head.count + nameCount + 2 + tail.count
+        var p = space(total)
+        p.copyMemory(from: head.baseAddress!, byteCount: head.count)
+        p += head.count
+        p.storeBytes(of: 0x22, as: UInt8.self)
+        p += 1
+        s.copyName(to: p)
+        p += nameCount
+        p.storeBytes(of: 0x22, as: UInt8.self)
+        p += 1
+        p.copyMemory(from: tail.baseAddress!, byteCount: tail.count)
+        filled += total
+        byteCount += total
         if tail.last == 0x0A { lineCount += 1 }
     }
 
@@ -208,28 +213,27 @@ public struct OutputQueue {
         let digits = Digits(seq)
         let n = digits.count
         let open: StaticString = "{\"event\":\"", sub: StaticString = "\",\"sub\":", seqName: StaticString = ",\"seq\":"
-        var name = s.name
-        name.withUTF8 { nm in
-            let total = open.utf8CodeUnitCount + event.utf8CodeUnitCount + sub.utf8CodeUnitCount + nm.count + 2
-                + seqName.utf8CodeUnitCount + n
-            var p = space(total)
-            @inline(__always) func put(_ from: UnsafeRawPointer?, _ count: Int) {
-                if count > 0, let from { p.copyMemory(from: from, byteCount: count) }
-                p += count
-            }
-            put(open.utf8Start, open.utf8CodeUnitCount)
-            put(event.utf8Start, event.utf8CodeUnitCount)
-            put(sub.utf8Start, sub.utf8CodeUnitCount)
-            p.storeBytes(of: 0x22, as: UInt8.self)
-            p += 1
-            put(nm.baseAddress, nm.count)
-            p.storeBytes(of: 0x22, as: UInt8.self)
-            p += 1
-            put(seqName.utf8Start, seqName.utf8CodeUnitCount)
-            digits.copy(to: p)
-            filled += total
-            byteCount += total
+        let nameCount = s.nameCount
+        let total = open.utf8CodeUnitCount + event.utf8CodeUnitCount + sub.utf8CodeUnitCount + nameCount + 2
+            + seqName.utf8CodeUnitCount + n
+        var p = space(total)
+        @inline(__always) func put(_ from: UnsafeRawPointer?, _ count: Int) {
+            if count > 0, let from { p.copyMemory(from: from, byteCount: count) }
+            p += count
         }
+        put(open.utf8Start, open.utf8CodeUnitCount)
+        put(event.utf8Start, event.utf8CodeUnitCount)
+        put(sub.utf8Start, sub.utf8CodeUnitCount)
+        p.storeBytes(of: 0x22, as: UInt8.self)
+        p += 1
+        s.copyName(to: p)
+        p += nameCount
+        p.storeBytes(of: 0x22, as: UInt8.self)
+        p += 1
+        put(seqName.utf8Start, seqName.utf8CodeUnitCount)
+        digits.copy(to: p)
+        filled += total
+        byteCount += total
         return true
     }
 
@@ -295,6 +299,8 @@ public struct OutputQueue {
         if let b = block, b.count - filled < b.count / 4 || b.count > 2 * nextBlock {
             // The chunks keep it alive until written; the next bytes start a new block.
             block = nil
+            blockBase = nil
+            blockSize = 0
             filled = 0
             runStart = 0
         }

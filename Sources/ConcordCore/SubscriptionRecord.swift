@@ -65,6 +65,24 @@ final class SubscriptionRecord {
         self.nameIsPlain = name.utf8.allSatisfy { $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }
     }
 
+    /// The name's length in UTF-8 bytes.
+    @inline(__always)
+    var nameCount: Int { name.utf8.count }
+
+    /// Copies the name's UTF-8 (`nameCount` bytes) to `p`, borrowed from
+    /// the record: not a copy of the string, which was a retain and a
+    /// release per event of a fan-out.
+    @inline(__always)
+    func copyName(to p: UnsafeMutableRawPointer) {
+        let done = name.utf8.withContiguousStorageIfAvailable { n in
+            if let b = n.baseAddress { p.copyMemory(from: b, byteCount: n.count) }
+        }
+        if done == nil {
+            var n = name
+            n.withUTF8 { if let b = $0.baseAddress { p.copyMemory(from: b, byteCount: $0.count) } }
+        }
+    }
+
     /// Appends the name as a JSON string.
     func appendName(to bytes: inout [UInt8]) {
         if nameIsPlain {

@@ -35,6 +35,18 @@ class SharedView {
         for s in rest { body(s) }
     }
 
+    /// `forEach` without a retain and a release of each subscription: for
+    /// a fan-out's loop, whose `body` must not end a subscription (its
+    /// connection's table holds the only other reference).
+    @inline(__always)
+    func forEachUnretained(_ body: (SubscriptionRecord) -> Void) {
+        guard let first else { return }
+        body(first)
+        rest.withUnsafeBufferPointer { b in
+            for i in b.indices { Unmanaged.passUnretained(b[i])._withUnsafeGuaranteedRef(body) }
+        }
+    }
+
     func add(_ s: SubscriptionRecord) {
         if first == nil {
             first = s
@@ -120,12 +132,21 @@ enum KeySubscribers: Named {
         case .shared(let v): v.forEach(body)
         }
     }
+
+    @inline(__always)
+    func forEachUnretained(_ body: (SubscriptionRecord) -> Void) {
+        switch self {
+        case .alone(let s): body(s)
+        case .shared(let v): v.forEachUnretained(body)
+        }
+    }
 }
 
 /// What a view's events go to: its subscribers in order, and whether there are several.
 protocol SubscriberList {
     var hasSeveral: Bool { get }
     func forEach(_ body: (SubscriptionRecord) -> Void)
+    func forEachUnretained(_ body: (SubscriptionRecord) -> Void)
 }
 
 extension SharedView: SubscriberList {}

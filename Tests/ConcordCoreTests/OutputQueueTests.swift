@@ -110,6 +110,32 @@ struct OutputQueueTests {
         }
     }
 
+    /// A fan-out's event (the shared head and tail around each
+    /// subscription's name) is the writer's bytes, for short (inline) and
+    /// long names, plain or escaped, across block boundaries.
+    @Test func fanOutEventsWrittenInPlaceAreTheWritersBytes() {
+        let client = ClientSession(id: 1, flow: ConnectionFlow())
+        let names = ["k0", "", "a name of more than fifteen bytes", String(repeating: "x", count: 300), "é and ü", "q\"uote"]
+        let head = Array("{\"event\":\"update\",\"sub\":".utf8)
+        let tail = Array(",\"seq\":42,\"model\":{\"id\":\"Doc:1\"}}\n".utf8)
+        var queue = OutputQueue()
+        var expected: [UInt8] = []
+        for round in 0..<40 {
+            for name in names {
+                let s = SubscriptionRecord(client: client, name: name + String(round), kind: .ids([]))
+                head.withUnsafeBytes { h in tail.withUnsafeBytes { t in queue.appendEvent(head: h, s, tail: t) } }
+                var w = JSONWriter()
+                w.raw(head)
+                s.writeName(&w)
+                w.raw(tail)
+                expected += w.bytes
+            }
+        }
+        #expect(queue.byteCount == expected.count && queue.lineCount == 40 * names.count)
+        let got = queue.take().flatMap { Array(UnsafeRawBufferPointer(start: $0.base, count: $0.count)) }
+        #expect(got == expected)
+    }
+
     /// A rid-less mutation's answer written in place is the writer's line,
     /// at every digit count, across block boundaries (many in one queue).
     @Test func responsesWrittenInPlaceAreTheWritersBytes() {
