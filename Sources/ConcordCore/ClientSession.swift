@@ -20,6 +20,11 @@ final class ClientSession {
     var heldResponse: (rid: JSON, bytes: [UInt8])?
     /// Shared with the driver: bytes it has not written yet, bytes it read that we did not take.
     let flow: ConnectionFlow
+    /// At least `flow.unsent`: its value when the core last added to it
+    /// (`takeOutput`; only the driver writes it otherwise, and only
+    /// subtracts). The fan-out's congestion check reads this, not the
+    /// counter, whose cache line the event loop writes on every write.
+    var unsentBound = 0
     /// Non-zero while this connection's events are coalesced (§6.6): the episode number.
     var coalescing = 0
     /// Subscriptions that changed while coalescing (each listed once).

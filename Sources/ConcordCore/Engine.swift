@@ -333,6 +333,7 @@ public final class Engine {
             }
             out.append((c.id, segs))
             let unsent = c.flow.unsent.add(bytes, ordering: .relaxed).newValue
+            c.unsentBound = unsent
             if c.coalescing == 0, configuration.outputSoftBytes > 0, unsent > configuration.outputSoftBytes, clients[c.id] === c {
                 beginCoalescing(c)
             }
@@ -700,11 +701,17 @@ public final class Engine {
         }
         // Queued bytes only grow here and at `takeOutput` (which checks on
         // its own), so this sees every connection that passes the soft limit.
+        // The bound rules out most connections without reading the shared
+        // counter (written by the event loop: reading it on every event of
+        // a fan-out moved its cache line between the cores); when it does
+        // not, the counter decides.
         let soft = configuration.outputSoftBytes
-        if soft > 0, !c.congested, c.coalescing == 0,
-           c.output.byteCount + c.flow.unsent.load(ordering: .relaxed) > soft {
-            c.congested = true
-            congested.append(c)
+        if soft > 0, !c.congested, c.coalescing == 0, c.output.byteCount + c.unsentBound > soft {
+            c.unsentBound = c.flow.unsent.load(ordering: .relaxed)
+            if c.output.byteCount + c.unsentBound > soft {
+                c.congested = true
+                congested.append(c)
+            }
         }
     }
 
