@@ -284,14 +284,7 @@ extension Engine {
     /// after it — is written once, at the first of them, and each adds only
     /// its name (no number formatted, no header written piece by piece); for
     /// one subscriber, sharing costs more than it saves.
-    func enqueue(_ shared: inout SharedEvent?, _ several: Bool, _ event: StaticString, _ seq: Int,
-                 _ payload: OutputBytes, to s: SubscriptionRecord) {
-        Unmanaged.passUnretained(s.client)._withUnsafeGuaranteedRef { c in
-            enqueue(&shared, several, event, seq, payload, to: s, of: c)
-        }
-    }
-
-    /// `enqueue` with the subscription's connection `c` at hand.
+    /// `c`: the subscription's connection, borrowed by the caller.
     @inline(__always)
     func enqueue(_ shared: inout SharedEvent?, _ several: Bool, _ event: StaticString, _ seq: Int,
                  _ payload: OutputBytes, to s: SubscriptionRecord, of c: ClientSession) {

@@ -902,18 +902,7 @@ extension Engine {
             writeQueryBody(&w, changes: changes, count: view.count, context: context)
             let payload = OutputBytes.copy(w.bytes)
             // `origin` does not suppress query events (§3.1): no origins here.
-            var shared: SharedEvent?
-            defer { if let shared { keepSharedEventBuffer(shared) } }
-            let several = view.hasSeveral
-            view.forEach { s in
-                if let p = s.pause {
-                    p.changed = true
-                    p.context = context
-                    noteHeldBack(s, p)
-                    return
-                }
-                enqueue(&shared, several, "query", seq, payload, to: s)
-            }
+            send(payload, to: view, event: "query", seq: seq, changed: true, origins: [], context: context)
         }
     }
 
