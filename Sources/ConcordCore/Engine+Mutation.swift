@@ -259,7 +259,6 @@ extension Engine {
     func send(_ payload: OutputBytes, to view: some SubscriberList, event: StaticString, seq: Int, changed: Bool,
                       origins: Set<ObjectIdentifier>, context: JSON?) {
         var shared: SharedEvent?
-        defer { if let shared { keepSharedEventBuffer(shared) } }
         let several = view.hasSeveral
         view.forEachUnretained { s in
             // The connection outlives its subscriptions: borrowed, not retained.
@@ -289,14 +288,8 @@ extension Engine {
     func enqueue(_ shared: inout SharedEvent?, _ several: Bool, _ event: StaticString, _ seq: Int,
                  _ payload: OutputBytes, to s: SubscriptionRecord, of c: ClientSession) {
         if several && payload.count <= OutputQueue.copyLimit {
-            if shared == nil {
-                shared = SharedEvent(event, seq, payload, buffer: sharedEventBuffer)
-                sharedEventBuffer = []
-            }
-            shared!.bytes.withUnsafeBytes { b in
-                c.output.appendEvent(head: UnsafeRawBufferPointer(rebasing: b[..<shared!.headCount]), s,
-                                     tail: UnsafeRawBufferPointer(rebasing: b[shared!.headCount...]))
-            }
+            if shared == nil { shared = SharedEvent(event, seq, payload, into: sharedEventScratch) }
+            c.output.appendEvent(head: shared!.head, s, tail: shared!.tail)
         } else {
             if !c.output.appendEventHeader(event, s, seq: seq) {
                 c.output.write { eventHeader(&$0, event, s, seq) }
@@ -388,33 +381,66 @@ extension Engine {
 
 /// What every subscriber of a fan-out shares of an event: the head before
 /// the subscription's name (`{"event":"…","sub":`) and the tail after it
-/// (`,"seq":N` and the payload), in one buffer. It lives while one view's
-/// subscribers are queued (each queue copies it: it is at most
-/// `OutputQueue.copyLimit` long), in the engine's `sharedEventBuffer`,
-/// which the next one reuses.
+/// (`,"seq":N` and the payload), written once, straight into the engine's
+/// `sharedEventScratch` (no writer, no array). It lives while one view's
+/// subscribers are queued (each queue copies it: the payload is at most
+/// `OutputQueue.copyLimit` long); the next fan-out writes over it.
 struct SharedEvent {
-    var bytes: [UInt8]
-    let headCount: Int
+    let head: UnsafeRawBufferPointer
+    let tail: UnsafeRawBufferPointer
 
-    init(_ event: StaticString, _ seq: Int, _ payload: OutputBytes, buffer: [UInt8]) {
-        var w = JSONWriter(adopting: buffer)
-        if w.bytes.capacity < payload.count + 64 { w.bytes.reserveCapacity(payload.count + 64) }
-        w.raw("{\"event\":\"")
-        w.raw(event)
-        w.raw("\",\"sub\":")
-        headCount = w.bytes.count
-        w.raw(",\"seq\":")
-        w.int(seq)
-        w.bytes.append(contentsOf: UnsafeRawBufferPointer(start: payload.base, count: payload.count))
-        bytes = w.bytes
+    init(_ event: StaticString, _ seq: Int, _ payload: OutputBytes, into scratch: ByteScratch) {
+        let open: StaticString = "{\"event\":\"", sub: StaticString = "\",\"sub\":", seqName: StaticString = ",\"seq\":"
+        // Seqs are never negative; the writer covers one all the same.
+        let negative: [UInt8]? = seq < 0 ? { var w = JSONWriter(capacity: 24); w.int(seq); return w.bytes }() : nil
+        let digits = Digits(Swift.max(seq, 0))
+        let number = negative?.count ?? digits.count
+        let headCount = open.utf8CodeUnitCount + event.utf8CodeUnitCount + sub.utf8CodeUnitCount
+        let total = headCount + seqName.utf8CodeUnitCount + number + payload.count
+        let base = scratch.room(total)
+        var p = base
+        @inline(__always) func put(_ from: UnsafeRawPointer, _ count: Int) {
+            p.copyMemory(from: from, byteCount: count)
+            p += count
+        }
+        put(open.utf8Start, open.utf8CodeUnitCount)
+        put(event.utf8Start, event.utf8CodeUnitCount)
+        put(sub.utf8Start, sub.utf8CodeUnitCount)
+        put(seqName.utf8Start, seqName.utf8CodeUnitCount)
+        if let negative {
+            negative.withUnsafeBytes { put($0.baseAddress!, number) }
+        } else {
+            digits.copy(to: p)
+            p += number
+        }
+        if payload.count > 0 { put(UnsafeRawPointer(payload.base), payload.count) }
+        head = UnsafeRawBufferPointer(start: base, count: headCount)
+        tail = UnsafeRawBufferPointer(start: base + headCount, count: total - headCount)
     }
 }
 
-extension Engine {
-    /// Takes back a fan-out's shared event buffer, emptied, for the next one.
-    func keepSharedEventBuffer(_ shared: SharedEvent) {
-        var b = shared.bytes
-        b.removeAll(keepingCapacity: true)
-        sharedEventBuffer = b
+/// Bytes the sequencer writes and reads within one step (a fan-out's shared
+/// event): one allocation, grown when a step needs more, never shrunk (a
+/// shared event is at most `OutputQueue.copyLimit` plus its header).
+final class ByteScratch {
+    private var base: UnsafeMutableRawPointer
+    private var capacity: Int
+
+    init(capacity: Int) {
+        self.capacity = Swift.max(capacity, 1)
+        base = .allocate(byteCount: self.capacity, alignment: 8)
+    }
+
+    deinit { base.deallocate() }
+
+    /// Room for `n` bytes (what was there before is gone).
+    @inline(__always)
+    func room(_ n: Int) -> UnsafeMutableRawPointer {
+        if n > capacity {
+            base.deallocate()
+            capacity = Swift.max(n, capacity * 2)
+            base = .allocate(byteCount: capacity, alignment: 8)
+        }
+        return base
     }
 }

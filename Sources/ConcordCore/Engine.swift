@@ -138,8 +138,8 @@ public final class Engine {
     /// holds it once the job's events are queued, and the next such
     /// mutation writes into it again instead of allocating (Render+Map).
     var smallPayload = OutputBytes.block(capacity: OutputQueue.copyLimit)
-    /// A fan-out's shared event (`SharedEvent`), kept between views.
-    var sharedEventBuffer: [UInt8] = []
+    /// A fan-out's shared event (`SharedEvent`), written over by the next.
+    let sharedEventScratch = ByteScratch(capacity: OutputQueue.copyLimit + 64)
     /// A mutation's op list (a single op's) and effects, kept between
     /// mutations empty with their capacity: two allocations fewer each.
     var opsScratch: [(Mutation, origin: String?)] = []

@@ -74,7 +74,7 @@ final class SubscriptionRecord {
     /// release per event of a fan-out.
     @inline(__always)
     func copyName(to p: UnsafeMutableRawPointer) {
-        let done = name.utf8.withContiguousStorageIfAvailable { n in
+        let done: Void? = name.utf8.withContiguousStorageIfAvailable { n in
             if let b = n.baseAddress { p.copyMemory(from: b, byteCount: n.count) }
         }
         if done == nil {
