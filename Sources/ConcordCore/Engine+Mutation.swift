@@ -312,12 +312,15 @@ extension Engine {
             noteHeldBack(s, p)
             return
         }
-        if origins.contains(ObjectIdentifier(s)) { return }
-        if !s.client.output.appendEventHeader("entity", s, seq: seq) {
-            s.client.output.write { eventHeader(&$0, "entity", s, seq) }
+        if !origins.isEmpty && origins.contains(ObjectIdentifier(s)) { return }
+        // The connection outlives its subscriptions: borrowed, not retained.
+        Unmanaged.passUnretained(s.client)._withUnsafeGuaranteedRef { c in
+            if !c.output.appendEventHeader("entity", s, seq: seq) {
+                c.output.write { eventHeader(&$0, "entity", s, seq) }
+            }
+            c.output.append(shared: payload)
+            markDirty(c)
         }
-        s.client.output.append(shared: payload)
-        markDirty(s.client)
     }
 
     /// Replays the mutation's ops on one private tree. Runs on a worker:
