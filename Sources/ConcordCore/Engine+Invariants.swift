@@ -258,9 +258,10 @@ extension Engine {
             view.forEach { s in if s.client.subs[s.name] !== s { note("collection view \(name) holds a closed subscription") } }
         }
         for (id, watchers) in idWatchers {
-            for (_, s) in watchers where s.client.subs[s.name] !== s { note("\(id) is indexed to a closed ids subscription") }
+            if watchers.isEmpty { note("\(id) has an empty watcher list") }
+            for (_, s) in watchers.byIdentity where s.client.subs[s.name] !== s { note("\(id) is indexed to a closed ids subscription") }
         }
-        for (_, s) in feeds where s.client.subs[s.name] !== s { note("the feed index holds a closed subscription") }
+        for (_, s) in feeds.byIdentity where s.client.subs[s.name] !== s { note("the feed index holds a closed subscription") }
         return problems
     }
 

@@ -188,7 +188,7 @@ extension Engine {
         collectionViews.removeAll()
         clearQueries()
         idWatchers = [:]
-        feeds = [:]
+        feeds = EntityWatchers()
         subscriptionCount = 0
         for i in subscriptionsByKind.indices { subscriptionsByKind[i] = 0 }
         store.clear()
@@ -299,8 +299,11 @@ extension Engine {
         markDirty(c)
     }
 
+    /// One entity event to `s` (an `ids` or `feed` subscription). `shared`
+    /// and `several` as for `enqueue`: the event's bytes around the name are
+    /// written once for the entity's watchers.
     func sendEntity(_ s: SubscriptionRecord, _ id: String, _ payload: OutputBytes, seq: Int, changed: Bool,
-                            origins: Set<ObjectIdentifier>, context: JSON?) {
+                    origins: Set<ObjectIdentifier>, context: JSON?, shared: inout SharedEvent?, several: Bool) {
         if let p = s.pause {
             guard changed else { return }
             if p.entities[id] == nil {
@@ -315,11 +318,7 @@ extension Engine {
         if !origins.isEmpty && origins.contains(ObjectIdentifier(s)) { return }
         // The connection outlives its subscriptions: borrowed, not retained.
         Unmanaged.passUnretained(s.client)._withUnsafeGuaranteedRef { c in
-            if !c.output.appendEventHeader("entity", s, seq: seq) {
-                c.output.write { eventHeader(&$0, "entity", s, seq) }
-            }
-            c.output.append(shared: payload)
-            markDirty(c)
+            enqueue(&shared, several, "entity", seq, payload, to: s, of: c)
         }
     }
 

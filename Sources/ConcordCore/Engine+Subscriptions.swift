@@ -51,7 +51,7 @@ extension Engine {
             var seen: Set<String> = []
             for id in list where seen.insert(id).inserted { unique.append(id) }
             let s = SubscriptionRecord(client: c, name: name, kind: .ids(unique))
-            for id in unique { idWatchers[id, default: [:]][ObjectIdentifier(s)] = s }
+            for id in unique { idWatchers[id, default: EntityWatchers()].add(s) }
             add(s, to: c)
             if let n = since, unchangedSince(n, entities: unique.flatMap { [$0] + tree.identities(store.entity($0) ?? .null).order }) {
                 respondUnchanged(c, rid: rid)
@@ -71,7 +71,7 @@ extension Engine {
             }
         case .feed(let types):
             let s = SubscriptionRecord(client: c, name: name, kind: .feed(types: types.map { Set($0) }))
-            feeds[ObjectIdentifier(s)] = s
+            feeds.add(s)
             add(s, to: c)
             if let n = since {
                 guard let changed = versions.changed(after: n) else {
@@ -191,15 +191,12 @@ extension Engine {
         case .key(let key):
             removeKeySubscriber(s, key)
         case .ids(let list):
-            let oid = ObjectIdentifier(s)
             for id in list {
-                if var w = idWatchers.removeValue(forKey: id) {
-                    w[oid] = nil
-                    if !w.isEmpty { idWatchers[id] = w }
-                }
+                idWatchers[id]?.remove(s)
+                if idWatchers[id]?.isEmpty == true { idWatchers[id] = nil }
             }
         case .feed:
-            feeds[ObjectIdentifier(s)] = nil
+            feeds.remove(s)
         case .collection(let view):
             view.remove(s)
             if view.isEmpty { collectionViews[view.name] = nil }

@@ -170,8 +170,9 @@ public final class Engine {
     var keyViews = NameTable<KeySubscribers>()
     var collectionViews = NameTable<CollectionView>()
     /// Identity → the `ids` subscriptions listing it.
-    var idWatchers: [String: [ObjectIdentifier: SubscriptionRecord]] = [:]
-    var feeds: [ObjectIdentifier: SubscriptionRecord] = [:]
+    var idWatchers: [String: EntityWatchers] = [:]
+    /// `feed` subscriptions, kept in event order between changes like an entity's watchers.
+    var feeds = EntityWatchers()
     var subscriptionCount = 0
     /// Live query views and their indexes (Engine+Queries.swift).
     let queries: QueryRegistry

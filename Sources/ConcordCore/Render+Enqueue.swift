@@ -44,15 +44,22 @@ extension Engine {
                 }
             case .entity(let id, _):
                 guard case .payload(let payload, let changed) = results[i] else { continue }
-                if let ws = idWatchers[id] {
-                    for s in Self.ordered(ws.values) { sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context) }
+                var shared: SharedEvent?
+                if let only = idWatchers[id]?.only {
+                    sendEntity(only, id, payload, seq: seq, changed: changed, origins: origins, context: context, shared: &shared, several: false)
+                } else if idWatchers[id] != nil {
+                    for s in idWatchers[id]!.ordered() {
+                        sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context, shared: &shared, several: true)
+                    }
                 }
                 if !feeds.isEmpty && (change.recordChanged.contains(id) || change.deleted.contains(id)) {
                     let type = Tree.type(of: id)
-                    if orderedFeeds == nil { orderedFeeds = Self.ordered(feeds.values) }
+                    if orderedFeeds == nil { orderedFeeds = feeds.ordered() }
+                    shared = nil
+                    let several = orderedFeeds!.count > 1
                     for s in orderedFeeds! {
                         if case .feed(let types?) = s.kind, !types.contains(type) { continue }
-                        sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context)
+                        sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context, shared: &shared, several: several)
                     }
                 }
             }

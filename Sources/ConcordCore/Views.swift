@@ -160,3 +160,39 @@ final class CollectionView: SharedView {
 
     init(name: String) { self.name = name }
 }
+
+/// The `ids` subscriptions watching one entity: by subscription (add and
+/// remove in O(1)), and in the order its events go out (PROTOCOL §6: by
+/// connection, then name), sorted when an event first needs it after the
+/// set changed and kept until it changes again — not sorted on every event
+/// (at 100 watchers that sort was most of an entity event's cost). A value
+/// in the engine's table (no object of its own); one watcher needs no list.
+struct EntityWatchers {
+    private(set) var byIdentity: [ObjectIdentifier: SubscriptionRecord] = [:]
+    private var sorted: [SubscriptionRecord]? = nil
+
+    var isEmpty: Bool { byIdentity.isEmpty }
+    var count: Int { byIdentity.count }
+
+    subscript(_ key: ObjectIdentifier) -> SubscriptionRecord? { byIdentity[key] }
+
+    mutating func add(_ s: SubscriptionRecord) {
+        byIdentity[ObjectIdentifier(s)] = s
+        sorted = nil
+    }
+
+    mutating func remove(_ s: SubscriptionRecord) {
+        if byIdentity.removeValue(forKey: ObjectIdentifier(s)) != nil { sorted = nil }
+    }
+
+    /// The watcher, when there is exactly one.
+    var only: SubscriptionRecord? { byIdentity.count == 1 ? byIdentity.first?.value : nil }
+
+    /// Every watcher in event order (sorted now if the set changed since the last call).
+    mutating func ordered() -> [SubscriptionRecord] {
+        if let sorted { return sorted }
+        let list = Engine.ordered(byIdentity.values)
+        sorted = list
+        return list
+    }
+}

@@ -52,6 +52,39 @@ struct EventOrderTests {
         #expect(got == want)
     }
 
+    /// An entity's watchers are kept in event order between events (sorted
+    /// again only when the set changes): a subscription added or removed
+    /// takes its place at once, and every watcher gets the same event.
+    @Test func entityWatchersStayInOrderAsTheyChange() {
+        let h = EngineHarness()
+        let a = h.connect()
+        let b = h.connect()
+        for name in ["m", "c", "x"] { a.ok(#"{"op":"subscribe","sub":"\#(name)","ids":["P:1"]}"#) }
+        b.ok(#"{"op":"subscribe","sub":"b","ids":["P:1"]}"#)
+        let w = h.connect()
+        var v = 0
+        func update() -> (a: [String], b: [String]) {
+            v += 1
+            w.ok(#"{"op":"update","model":{"id":"P:1","v":\#(v)}}"#)
+            let ea = a.take(), eb = b.take()
+            for e in ea + eb {
+                #expect(e["event"]?.stringValue == "entity" && e["id"]?.stringValue == "P:1" && e["model"]?["v"] == .number(JSONNumber(v)))
+            }
+            return (ea.compactMap { $0["sub"]?.stringValue }, eb.compactMap { $0["sub"]?.stringValue })
+        }
+        #expect(update() == (["c", "m", "x"], ["b"]))
+        #expect(update() == (["c", "m", "x"], ["b"]))
+        a.ok(#"{"op":"subscribe","sub":"a","ids":["P:1"]}"#)
+        #expect(update() == (["a", "c", "m", "x"], ["b"]))
+        a.ok(#"{"op":"unsubscribe","sub":"c"}"#)
+        #expect(update() == (["a", "m", "x"], ["b"]))
+        for name in ["a", "m", "x"] { a.ok(#"{"op":"unsubscribe","sub":"\#(name)"}"#) }
+        #expect(update() == ([], ["b"]))
+        #expect(h.engine.idWatchers["P:1"]?.count == 1)
+        b.ok(#"{"op":"unsubscribe","sub":"b"}"#)
+        #expect(h.engine.idWatchers["P:1"] == nil)
+    }
+
     @Test func clearEndsSubscriptionsByName() {
         let subs = Self.eventOrder(setup: { n in [#"{"op":"subscribe","sub":"s\#(n)","key":"k\#(n)"}"#] }, mutation: #"{"op":"clear"}"#)
         #expect(subs == Self.names.sorted().map { "s\($0)" })
