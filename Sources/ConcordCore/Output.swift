@@ -193,12 +193,7 @@ public struct OutputQueue {
         var p = space(total)
         p.copyMemory(from: head.baseAddress!, byteCount: head.count)
         p += head.count
-        p.storeBytes(of: 0x22, as: UInt8.self)
-        p += 1
-        s.copyName(to: p)
-        p += nameCount
-        p.storeBytes(of: 0x22, as: UInt8.self)
-        p += 1
+        p = s.copyQuotedName(to: p, nameCount)
         p.copyMemory(from: tail.baseAddress!, byteCount: tail.count)
         filled += total
         byteCount += total
@@ -224,12 +219,7 @@ public struct OutputQueue {
         put(open.utf8Start, open.utf8CodeUnitCount)
         put(event.utf8Start, event.utf8CodeUnitCount)
         put(sub.utf8Start, sub.utf8CodeUnitCount)
-        p.storeBytes(of: 0x22, as: UInt8.self)
-        p += 1
-        s.copyName(to: p)
-        p += nameCount
-        p.storeBytes(of: 0x22, as: UInt8.self)
-        p += 1
+        p = s.copyQuotedName(to: p, nameCount)
         put(seqName.utf8Start, seqName.utf8CodeUnitCount)
         digits.copy(to: p)
         filled += total

@@ -69,6 +69,16 @@ final class SubscriptionRecord {
     @inline(__always)
     var nameCount: Int { name.utf8.count }
 
+    /// Writes the name between quotes at `p` (`nameCount` + 2 bytes; a plain
+    /// name needs no escaping) and returns where the next byte goes.
+    @inline(__always)
+    func copyQuotedName(to p: UnsafeMutableRawPointer, _ nameCount: Int) -> UnsafeMutableRawPointer {
+        p.storeBytes(of: 0x22, as: UInt8.self)
+        copyName(to: p + 1)
+        (p + 1 + nameCount).storeBytes(of: 0x22, as: UInt8.self)
+        return p + 2 + nameCount
+    }
+
     /// Copies the name's UTF-8 (`nameCount` bytes) to `p`, borrowed from
     /// the record: not a copy of the string, which was a retain and a
     /// release per event of a fan-out.
