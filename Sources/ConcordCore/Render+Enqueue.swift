@@ -44,18 +44,19 @@ extension Engine {
                 }
             case .entity(let id, _):
                 guard case .payload(let payload, let changed) = results[i] else { continue }
+                // One event for the entity's watchers and the feeds: the bytes
+                // they share are written once, at the first that needs them.
                 var shared: SharedEvent?
                 if let only = idWatchers[id]?.only {
                     sendEntity(only, id, payload, seq: seq, changed: changed, origins: origins, context: context, shared: &shared, several: false)
-                } else if idWatchers[id] != nil {
-                    for s in idWatchers[id]!.ordered() {
+                } else if let list = idWatchers[id]?.ordered() {
+                    for s in list {
                         sendEntity(s, id, payload, seq: seq, changed: changed, origins: origins, context: context, shared: &shared, several: true)
                     }
                 }
                 if !feeds.isEmpty && (change.recordChanged.contains(id) || change.deleted.contains(id)) {
                     let type = Tree.type(of: id)
                     if orderedFeeds == nil { orderedFeeds = feeds.ordered() }
-                    shared = nil
                     let several = orderedFeeds!.count > 1
                     for s in orderedFeeds! {
                         if case .feed(let types?) = s.kind, !types.contains(type) { continue }

@@ -61,6 +61,9 @@ struct EventOrderTests {
         let b = h.connect()
         for name in ["m", "c", "x"] { a.ok(#"{"op":"subscribe","sub":"\#(name)","ids":["P:1"]}"#) }
         b.ok(#"{"op":"subscribe","sub":"b","ids":["P:1"]}"#)
+        // Two feeds as well: they get the same event as the watchers, after them.
+        b.ok(#"{"op":"subscribe","sub":"f2","feed":{}}"#)
+        b.ok(#"{"op":"subscribe","sub":"f1","feed":{}}"#)
         let w = h.connect()
         var v = 0
         func update() -> (a: [String], b: [String]) {
@@ -72,14 +75,14 @@ struct EventOrderTests {
             }
             return (ea.compactMap { $0["sub"]?.stringValue }, eb.compactMap { $0["sub"]?.stringValue })
         }
-        #expect(update() == (["c", "m", "x"], ["b"]))
-        #expect(update() == (["c", "m", "x"], ["b"]))
+        #expect(update() == (["c", "m", "x"], ["b", "f1", "f2"]))
+        #expect(update() == (["c", "m", "x"], ["b", "f1", "f2"]))
         a.ok(#"{"op":"subscribe","sub":"a","ids":["P:1"]}"#)
-        #expect(update() == (["a", "c", "m", "x"], ["b"]))
+        #expect(update() == (["a", "c", "m", "x"], ["b", "f1", "f2"]))
         a.ok(#"{"op":"unsubscribe","sub":"c"}"#)
-        #expect(update() == (["a", "m", "x"], ["b"]))
+        #expect(update() == (["a", "m", "x"], ["b", "f1", "f2"]))
         for name in ["a", "m", "x"] { a.ok(#"{"op":"unsubscribe","sub":"\#(name)"}"#) }
-        #expect(update() == ([], ["b"]))
+        #expect(update() == ([], ["b", "f1", "f2"]))
         #expect(h.engine.idWatchers["P:1"]?.count == 1)
         b.ok(#"{"op":"unsubscribe","sub":"b"}"#)
         #expect(h.engine.idWatchers["P:1"] == nil)
