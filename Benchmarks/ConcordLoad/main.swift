@@ -27,12 +27,12 @@ struct LoadOptions: ParsableCommand {
             Commands, with the options each reads [and their defaults]:
               codec        parse/encode MB/s of ConcordJSON [-n 200000]
               core         the engine alone on one thread, no sockets: µs per
-                           update [-n 200000 --subs 1 --kind key|model|none|rename|posts|range|pages|windows|views]
+                           update [-n 200000 --subs 1 --kind key|model|models|none|rename|posts|range|pages|windows|views]
                            (views: jemalloc bytes per query view and member; with
                            VIEWS_EMPTY=1 the views match nothing: a view's own cost)
               pipeline     pipelined updates/s on one connection [-n 200000]
               fanout       delivered events/s, S subscribers on one view
-                           [-s 100 -n 20000 --kind key|model|ids]
+                           [-s 100 -n 20000 --kind key|model|models|ids]
               subs         jemalloc bytes per key subscription
                            [-n 100000 --shared no]
               collections  one-item update in an N-item collection; head
@@ -428,7 +428,9 @@ case "core":
         for c in 1...max(subs, 1) {
             engine.open(c)
             for i in 0..<100 {
+                // `models`: each connection's trees its own (no view shared).
                 let line = kind == "model" ? #"{"op":"subscribe","sub":"m\#(i)","model":\#(entity(i, 0))}"#
+                         : kind == "models" ? #"{"op":"subscribe","sub":"m\#(i)","model":{"viewer":\#(c),"item":\#(entity(i, 0))}}"#
                                            : #"{"op":"subscribe","sub":"k\#(i)","key":"k\#(i)"}"#
                 engine.handleLine(Array(line.utf8), from: c)
             }
@@ -443,7 +445,7 @@ case "core":
         for (_, chunks) in engine.takeOutput() { for ch in chunks { bytes &+= ch.count } }
     }
     let s = now() - t
-    print(String(format: "core: %d updates, %@ × %d subscriber connection(s): %.2f µs per update (%.0f updates/s), %d bytes out",
+    print(String(format: "core: %d updates, %@ × %d subscriber connection(s): %.2f µs per update (%.0f updates/s), %ld bytes out",
                  n, kind, kind == "none" ? 0 : subs, s / Double(n) * 1e6, Double(n) / s, bytes))
 
 case "pipeline":
@@ -478,7 +480,9 @@ case "fanout":
     let kind = options.kind ?? "key"
     let readers = (0..<subs).map { _ in Client(socketPath) }
     for (i, r) in readers.enumerated() {
-        let body = kind == "key" ? #""key":"fan""# : (kind == "ids" ? #""ids":["Person:1"]"# : #""model":\#(model200("Person:1", -1))"#)
+        // `model`: every reader the same tree (one shared view); `models`: trees of their own.
+        let body = kind == "key" ? #""key":"fan""# : (kind == "ids" ? #""ids":["Person:1"]"#
+                   : kind == "models" ? #""model":{"viewer":\#(i),"item":\#(model200("Person:1", -1))}"# : #""model":\#(model200("Person:1", -1))"#)
         let resp = r.request(#"{"op":"subscribe","sub":"s\#(i)",\#(body)}"#)
         if resp["ok"] != true { print("subscribe failed: \(resp.compactString)"); exit(1) }
     }

@@ -196,7 +196,9 @@ extension Engine {
                 if s.client !== c { note("client \(id): subscription \(name) points at another client") }
                 switch s.kind {
                 case .model(let view):
-                    if view.sub !== s { note("\(name): its model view points at another subscription") }
+                    var found = false
+                    view.forEach { if $0 === s { found = true } }
+                    if !found { note("\(name): not among its model view's subscribers") }
                     let ids = Set(tree.identities(view.tree).order)
                     if ids != view.ids { note("\(name): watches \(view.ids.sorted()) but holds \(ids.sorted())") }
                     for i in view.ids where modelWatchers[i]?[ObjectIdentifier(view)] !== view {
@@ -234,9 +236,19 @@ extension Engine {
         // Every index entry points at a live view that holds that identity.
         for (id, views) in modelWatchers {
             for (_, v) in views {
-                guard let s = v.sub else { note("\(id) is indexed to a model view with no subscription"); continue }
-                if s.client.subs[s.name] !== s { note("\(id) is indexed to a model view of a closed subscription") }
+                if v.isEmpty { note("\(id) is indexed to a model view with no subscription") }
+                v.forEach { s in
+                    if s.client.subs[s.name] !== s { note("\(id) is indexed to a model view of a closed subscription") }
+                }
                 if !v.ids.contains(id) { note("\(id) is indexed to a model view that does not hold it") }
+            }
+        }
+        for (root, views) in modelShares {
+            if views.isEmpty || views.count > Self.modelSharesPerRoot { note("model views of root \(root): \(views.count) listed") }
+            for v in views {
+                if v.root != root { note("a model view of root \(v.root ?? "-") is listed under \(root)") }
+                if v.isEmpty { note("model views of root \(root): one has no subscription") }
+                if !v.ids.isEmpty, modelWatchers[v.ids.first!]?[ObjectIdentifier(v)] !== v { note("model views of root \(root): one is not watching") }
             }
         }
         for entry in keyViews.values {

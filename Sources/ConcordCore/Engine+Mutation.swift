@@ -174,6 +174,8 @@ extension Engine {
         for client in clients.values {
             for s in Self.ordered(client.subs.values) {
                 client.output.append(deleteEventBytes(s, seq: seq, context: context))
+                // A model view and its subscribers hold each other: break the links.
+                if case .model(let view) = s.kind { view.removeAll() }
             }
             if !client.subs.isEmpty { markDirty(client) }
             client.subs.removeAll()
@@ -181,6 +183,7 @@ extension Engine {
             client.coalesced = []
         }
         modelWatchers = [:]
+        modelShares = [:]
         // A collection view and its subscribers hold each other: break the
         // links (a key's subscriptions do not hold their view).
         for v in collectionViews.values { v.removeAll() }
@@ -322,10 +325,12 @@ extension Engine {
         }
     }
 
-    /// Replays the mutation's ops on one private tree. Runs on a worker:
-    /// touches only this view and its subscription.
-    func renderModel(_ view: ModelView, _ effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?) -> ModelRender {
-        guard let s = view.sub else { return ModelRender() }
+    /// Replays the mutation's ops on one model view's tree. Runs on a
+    /// worker: touches only this view. Writes the body of the view's
+    /// `update` event once for all its subscribers (`enqueueRender` adds
+    /// each one's header): they all hold the tree as it was before.
+    func renderModel(_ view: ModelView, _ effects: [ViewEffect], context: JSON?, origins: Set<ObjectIdentifier>,
+                     buffer: inout [UInt8]) -> ModelRender {
         var t = view.tree
         var ids = view.ids
         var idsFresh = true
@@ -351,7 +356,6 @@ extension Engine {
                 switch tree.prune(t, deleted: d, required: requiredFn) {
                 case .deleted:
                     result.ended = true
-                    result.event = deleteEventBytes(s, seq: seq, context: context)
                     return result
                 case .kept(let nt):
                     t = nt
@@ -361,22 +365,24 @@ extension Engine {
         }
         if !idsFresh { ids = tree.identitySet(t, expected: ids.count) }
         result.newIDs = ids
-        let changed = t != view.tree
+        let old = view.tree
+        let changed = t != old
         view.tree = t
+        result.changed = changed
         guard changed || forced else { return result }
-        if let p = s.pause {
-            if changed {
-                p.changed = true
-                p.context = context
-            }
+        // A lone subscriber that gets no event (paused, or the writer's own
+        // view) needs no body: `send` notes the change in its pause state.
+        if let s = view.only, s.paused || origins.contains(ObjectIdentifier(s)) {
+            result.unsent = true
             return result
         }
-        if origins.contains(ObjectIdentifier(s)) {
-            view.lastSent = t
-            return result
-        }
-        result.event = modelEventBytes(s, seq: seq, old: view.lastSent, new: t, context: context)
-        view.lastSent = t
+        var w = JSONWriter(adopting: buffer)
+        buffer = []
+        if w.bytes.capacity < 512 { w.bytes.reserveCapacity(512) }
+        writeDocumentBody(&w, old: old, new: t, context: context)
+        result.payload = OutputBytes.copy(w.bytes)
+        w.bytes.removeAll(keepingCapacity: true)
+        swap(&buffer, &w.bytes)
         return result
     }
 }

@@ -22,10 +22,9 @@ extension Engine {
             if refresh || since != nil {
                 value = tree.substituteKnown(model) { store.entity($0) }
             }
-            let view = ModelView(tree: value, ids: tree.identitySet(value))
+            let view = modelView(for: value)
             let s = SubscriptionRecord(client: c, name: name, kind: .model(view))
-            view.sub = s
-            for id in view.ids { modelWatchers[id, default: [:]][ObjectIdentifier(view)] = view }
+            view.add(s)
             add(s, to: c)
             if let n = since, unchangedSince(n, entities: view.ids) {
                 respondUnchanged(c, rid: rid)
@@ -185,9 +184,8 @@ extension Engine {
         s.pause = nil
         switch s.kind {
         case .model(let view):
-            let oid = ObjectIdentifier(view)
-            for id in view.ids { removeWatcher(id, oid) }
-            view.sub = nil
+            view.remove(s)
+            if view.isEmpty { dropModelView(view) }
         case .key(let key):
             removeKeySubscriber(s, key)
         case .ids(let list):
@@ -206,6 +204,34 @@ extension Engine {
         }
     }
 
+    /// How many model views with one root identity `modelShares` lists.
+    static let modelSharesPerRoot = 8
+
+    /// The view a new model subscription with tree `value` joins: a listed
+    /// one whose tree is written the same way, or a new one.
+    func modelView(for value: JSON) -> ModelView {
+        let root = value.objectValue?.identity(idKey: tree.idKey)
+        if let root, let views = modelShares[root] {
+            for v in views where v.tree.hasSameEncoding(as: value) { return v }
+        }
+        let view = ModelView(tree: value, ids: tree.identitySet(value), root: root, serial: modelViewSerial)
+        modelViewSerial += 1
+        let oid = ObjectIdentifier(view)
+        for id in view.ids { modelWatchers[id, default: [:]][oid] = view }
+        if let root, modelShares[root, default: []].count < Self.modelSharesPerRoot { modelShares[root, default: []].append(view) }
+        return view
+    }
+
+    /// A model view whose last subscriber left, or that ended: out of the indexes.
+    func dropModelView(_ view: ModelView) {
+        let oid = ObjectIdentifier(view)
+        for id in view.ids { removeWatcher(id, oid) }
+        if let root = view.root, var views = modelShares.removeValue(forKey: root) {
+            views.removeAll { $0 === view }
+            if !views.isEmpty { modelShares[root] = views }
+        }
+    }
+
     func removeWatcher(_ id: String, _ oid: ObjectIdentifier) {
         if var w = modelWatchers.removeValue(forKey: id) {
             w[oid] = nil
@@ -221,6 +247,7 @@ extension Engine {
         let state = PauseState()
         switch s.kind {
         case .key(let key): state.document = store.document(key)
+        case .model(let view): state.document = view.tree
         case .collection(let view): state.items = store.collectionItems(view.name)
         case .query(let view):
             state.items = queryItems(view)
@@ -254,10 +281,9 @@ extension Engine {
         let context = state.changed ? state.context : nil
         switch s.kind {
         case .model(let view):
-            guard view.tree != view.lastSent else { return }
-            let bytes = modelEventBytes(s, seq: seq, old: view.lastSent, new: view.tree, context: context, coalesced: coalesced)
-            view.lastSent = view.tree
-            c.output.append(bytes)
+            let base = state.document ?? .null
+            guard view.tree != base else { return }
+            c.output.append(modelEventBytes(s, seq: seq, old: base, new: view.tree, context: context, coalesced: coalesced))
         case .key(let key):
             let base = state.document
             let now = store.document(key)

@@ -167,6 +167,14 @@ public final class Engine {
 
     /// Identity → the model views holding it.
     var modelWatchers: [String: [ObjectIdentifier: ModelView]] = [:]
+    /// Root identity → the model views a new subscription with an equal
+    /// tree joins (at most `Engine.modelSharesPerRoot` each: a subscribe
+    /// compares its tree with those only, so its cost stays bounded however
+    /// many different trees share a root; a view not listed is simply not
+    /// shared).
+    var modelShares: [String: [ModelView]] = [:]
+    /// The next model view's `serial`.
+    var modelViewSerial = 0
     var keyViews = NameTable<KeySubscribers>()
     var collectionViews = NameTable<CollectionView>()
     /// Identity → the `ids` subscriptions listing it.
@@ -286,7 +294,7 @@ public final class Engine {
             while used < units, let s = c.closing.popLast() {
                 // Ended meanwhile (an entity cap, `clear`): already unregistered.
                 guard c.subs[s.name] === s else { continue }
-                if case .model(let view) = s.kind { used += view.ids.count }
+                if case .model(let view) = s.kind, view.only === s { used += view.ids.count }
                 unregister(s)
                 _ = c.subs.removeValue(forKey: s.name)
                 used += 8

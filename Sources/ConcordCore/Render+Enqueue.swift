@@ -10,16 +10,19 @@ extension Engine {
         for (i, job) in plan.jobs.enumerated() {
             switch job {
             case .model(let view):
-                guard case .model(let r) = results[i], let s = view.sub else { continue }
-                if let p = s.pause, p.changed { noteHeldBack(s, p) }
-                if let event = r.event {
-                    s.client.output.append(event)
-                    markDirty(s.client)
-                }
+                guard case .model(let r) = results[i] else { continue }
                 if r.ended {
-                    s.client.subs[s.name] = nil
-                    unregister(s)
+                    endAll(view, seq: seq, context: context)
+                    view.removeAll()
+                    dropModelView(view)
                     continue
+                }
+                if let payload = r.payload {
+                    send(payload, to: view, event: "update", seq: seq, changed: r.changed, origins: origins, context: context)
+                } else if r.unsent, r.changed, let s = view.only, let p = s.pause {
+                    p.changed = true
+                    p.context = context
+                    noteHeldBack(s, p)
                 }
                 if let newIDs = r.newIDs, newIDs != view.ids {
                     let oid = ObjectIdentifier(view)

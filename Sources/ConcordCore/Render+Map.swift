@@ -11,9 +11,16 @@ enum Rendered {
 
 /// The outcome of rendering one model view for one mutation.
 struct ModelRender {
+    /// The tree's root entity was deleted: every subscriber gets `delete`.
     var ended = false
     var newIDs: Set<String>? = nil
-    var event: [UInt8]? = nil
+    /// The tree is not what it was (an event forced by `force` has it false).
+    var changed = false
+    /// The body of the view's `update` event, shared by its subscribers.
+    var payload: OutputBytes? = nil
+    /// Changed or forced, but its only subscriber gets no event (paused,
+    /// or the writer's own): no body was written.
+    var unsent = false
 }
 
 /// The map step's output: one slot per job, each written by exactly one
@@ -125,7 +132,7 @@ extension Engine {
                            valueChanged: ChangeSet, buffer: inout [UInt8], alone: Bool) -> Rendered {
         switch job {
         case .model(let view):
-            return .model(renderModel(view, effects, seq: seq, origins: origins, context: context))
+            return .model(renderModel(view, effects, context: context, origins: origins, buffer: &buffer))
         case .key(let view, let forced, let ended, let known):
             if ended { return .none }
             // Running subscribers of a key always hold the document as of the

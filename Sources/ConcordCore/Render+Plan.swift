@@ -54,7 +54,7 @@ extension Engine {
             // Every list below is put in a fixed order (Set and Dictionary
             // iteration order is not): the same input gives the same bytes on
             // every run and at any --threads.
-            if models.count > 1 { models.sort { Self.precedes($0.sub, $1.sub) } }
+            if models.count > 1 { models.sort { $0.serial < $1.serial } }
             for v in models { plan.jobs.append(.model(v)) }
             plan.renders = plan.renders || !models.isEmpty
         }

@@ -1,18 +1,35 @@
 import ConcordJSON
 
 /// A `model` subscription's private tree.
-final class ModelView {
-    unowned(unsafe) var sub: SubscriptionRecord?
+/// A model view: one tree, rewritten by every mutation that touches it
+/// (PROTOCOL §3: "that tree, private to S"). Subscriptions whose trees are
+/// the same value, written the same way (members in the same order,
+/// numbers spelled alike), share one view: an update rewrites the tree and
+/// writes its event's body once, and each subscriber adds only its header,
+/// as on a key's view. They stay alike for good: a rewrite depends only on
+/// the tree and the mutation. Its running subscribers hold `tree` as of the
+/// last mutation (a paused one keeps what it was last sent in its
+/// `PauseState`), so the view keeps no other copy.
+///
+/// Found for sharing through the engine's `modelShares` by the identity of
+/// the tree's root entity, which no rewrite changes (a tree whose root is
+/// not an entity is not shared). The view and its subscribers hold each
+/// other until the last one leaves (`Engine.unregister`, `clearAll`).
+final class ModelView: SharedView {
     var tree: JSON
-    /// The value last sent (the subscribe response or the last event).
-    var lastSent: JSON
     /// Every identity in `tree`: what this view watches.
     var ids: Set<String>
+    /// The identity of the tree's root entity (nil: the root is not one).
+    let root: String?
+    /// Fixes the order of the model jobs of one mutation (views are made
+    /// in the engine's one total order, so every run numbers them alike).
+    let serial: Int
 
-    init(tree: JSON, ids: Set<String>) {
+    init(tree: JSON, ids: Set<String>, root: String?, serial: Int) {
         self.tree = tree
-        self.lastSent = tree
         self.ids = ids
+        self.root = root
+        self.serial = serial
     }
 }
 

@@ -31,10 +31,21 @@ struct EventOrderTests {
         #expect(subs == Self.names.sorted().map { "s\($0)" })
     }
 
-    @Test func modelViewsByName() {
-        let subs = Self.eventOrder(setup: { n in [#"{"op":"subscribe","sub":"m\#(n)","model":{"id":"P:1","v":0}}"#] },
-                                   mutation: #"{"op":"update","model":{"id":"P:1","v":1}}"#)
-        #expect(subs == Self.names.sorted().map { "m\($0)" })
+    /// Model views in the order they were made; one view's subscribers
+    /// (equal trees share a view) in its subscriber order.
+    @Test func modelViewsInTheOrderTheyWereMade() {
+        let distinct = Self.eventOrder(setup: { n in [#"{"op":"subscribe","sub":"m\#(n)","model":{"id":"P:1","v":0,"n":"\#(n)"}}"#] },
+                                       mutation: #"{"op":"update","model":{"id":"P:1","v":1}}"#)
+        #expect(distinct == Self.names.map { "m\($0)" })
+        let shared = Self.eventOrder(setup: { n in [#"{"op":"subscribe","sub":"m\#(n)","model":{"id":"P:1","v":0}}"#] },
+                                     mutation: #"{"op":"update","model":{"id":"P:1","v":1}}"#)
+        #expect(shared == Self.names.map { "m\($0)" })
+        // Views made first come first, whatever their names.
+        let mixed = Self.eventOrder(setup: { n in [#"{"op":"subscribe","sub":"m\#(n)","model":{"id":"P:1","v":0,"odd":\#(Int(n)! % 2 == 1)}}"#] },
+                                    mutation: #"{"op":"update","model":{"id":"P:1","v":1}}"#)
+        let firstOdd = Int(Self.names[0])! % 2 == 1
+        let want = Self.names.filter { (Int($0)! % 2 == 1) == firstOdd } + Self.names.filter { (Int($0)! % 2 == 1) != firstOdd }
+        #expect(mixed == want.map { "m\($0)" })
     }
 
     @Test func entityEventsByIdentityThenName() {

@@ -31,11 +31,11 @@ final class Subscribers: @unchecked Sendable {
     private let done = DispatchGroup()
     private let stop = ManagedFlag()
 
-    init(_ system: any System, connections: Int, perConnection: Int, stride: Int, model: Bool = false) throws {
+    init(_ system: any System, connections: Int, perConnection: Int, stride: Int, model: Bool = false, distinct: Bool = false) throws {
         var list: [Conn] = []
         for k in 0..<connections {
             let c = try Conn(system.socket)
-            let (bytes, replies) = system.subscribe((k * stride)..<(k * stride + perConnection), model: model)
+            let (bytes, replies) = system.subscribe((k * stride)..<(k * stride + perConnection), model: model, distinct: distinct, viewer: k)
             c.write(bytes)
             system.readReplies(c, replies)
             list.append(c)
@@ -161,8 +161,8 @@ struct Throughput {
 
 /// Dense or sparse fan-out: `subscribers` connections × `perConnection` channels.
 func fanout(_ system: any System, server: ServerProc, subscribers: Int, perConnection: Int, stride: Int, channels: Int,
-            duration: Double, model: Bool = false, writers: Int = 2) throws -> Throughput {
-    let subs = try Subscribers(system, connections: subscribers, perConnection: perConnection, stride: stride, model: model)
+            duration: Double, model: Bool = false, distinct: Bool = false, writers: Int = 2) throws -> Throughput {
+    let subs = try Subscribers(system, connections: subscribers, perConnection: perConnection, stride: stride, model: model, distinct: distinct)
     subs.start(system, latency: false)
     let cpu0 = cpuSeconds(server.pid)
     let (updates, start) = try runWriters(system, writers: writers, channels: 0..<channels, duration: duration)

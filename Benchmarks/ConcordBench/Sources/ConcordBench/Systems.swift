@@ -6,8 +6,11 @@ protocol System: Sendable {
     var socket: String { get }
     /// Makes `channels` distinct things to watch exist (Concord: documents holding entities).
     func prepare(channels: Int, offset: Int) throws
-    /// The bytes that subscribe one connection to channels `range`.
-    func subscribe(_ range: Range<Int>, model: Bool) -> (bytes: [UInt8], replies: Int)
+    /// The bytes that subscribe connection `viewer` to channels `range`.
+    /// `model`: Concord model views instead of keys; `distinct`: each
+    /// connection's trees its own (they hold the entity under a member
+    /// naming the connection), so no two connections share a view.
+    func subscribe(_ range: Range<Int>, model: Bool, distinct: Bool, viewer: Int) -> (bytes: [UInt8], replies: Int)
     /// The bytes that publish/update channel `i` with a ~200-byte JSON payload
     /// stamped `t`; `unique` makes every update a real change (Concord sends
     /// nothing for an update that changes nothing; Redis would still deliver it).
@@ -46,11 +49,12 @@ struct ConcordSystem: System {
         c.skipLines(pending)
     }
 
-    func subscribe(_ range: Range<Int>, model: Bool) -> (bytes: [UInt8], replies: Int) {
+    func subscribe(_ range: Range<Int>, model: Bool, distinct: Bool, viewer: Int) -> (bytes: [UInt8], replies: Int) {
         var buf: [UInt8] = []
         for i in range {
             let line = model
-                ? #"{"op":"subscribe","sub":"m\#(i)","model":\#(payload("E:\(i)", 0))}"#
+                ? (distinct ? #"{"op":"subscribe","sub":"m\#(i)","model":{"viewer":\#(viewer),"item":\#(payload("E:\(i)", 0))}}"#
+                            : #"{"op":"subscribe","sub":"m\#(i)","model":\#(payload("E:\(i)", 0))}"#)
                 : #"{"op":"subscribe","sub":"k\#(i)","key":"k\#(i)"}"#
             buf += Array((line + "\n").utf8)
         }
@@ -80,7 +84,7 @@ struct RedisSystem: System {
 
     func prepare(channels: Int, offset: Int) throws {}
 
-    func subscribe(_ range: Range<Int>, model: Bool) -> (bytes: [UInt8], replies: Int) {
+    func subscribe(_ range: Range<Int>, model: Bool, distinct: Bool, viewer: Int) -> (bytes: [UInt8], replies: Int) {
         // One SUBSCRIBE per 1000 channels; each channel is confirmed by a 3-element reply.
         var buf: [UInt8] = []
         var i = range.lowerBound

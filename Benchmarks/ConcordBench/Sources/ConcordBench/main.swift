@@ -127,13 +127,21 @@ do {
             results["fanout_dense_ratio_vs_redis"] = ct.eventsPerSecond / rt.eventsPerSecond
         }
     }
+    // Model views: each connection with the same 100 trees (each shared by
+    // the 10 connections' subscriptions), then with trees of its own.
     if progress("dense fan-out, 10 connections × 100 model views") {
-        let (cp, c) = try concord()
-        try c.prepare(channels: 100, offset: 0)
-        let mt = try fanout(c, server: cp, subscribers: 10, perConnection: 100, stride: 0, channels: 100, duration: d, model: true)
-        cp.stop()
-        rows.append(("dense fan-out, 10 subs × 100 model views (events/s)", fmt(mt.eventsPerSecond), "-", "-"))
-        results["fanout_dense_model_events_per_s"] = mt.eventsPerSecond
+        for distinct in [false, true] {
+            let (cp, c) = try concord()
+            try c.prepare(channels: 100, offset: 0)
+            let mt = try fanout(c, server: cp, subscribers: 10, perConnection: 100, stride: 0, channels: 100, duration: d, model: true,
+                                distinct: distinct)
+            cp.stop()
+            let tag = distinct ? "_distinct" : ""
+            rows.append(("dense fan-out, 10 subs × 100 model views, \(distinct ? "trees of their own" : "equal trees") (events/s; per server CPU-s)",
+                         "\(fmt(mt.eventsPerSecond)); \(fmt(mt.eventsPerCPUSecond))", "-", "-"))
+            results["fanout_dense_model\(tag)_events_per_s"] = mt.eventsPerSecond
+            results["fanout_dense_model\(tag)_events_per_cpu_s"] = mt.eventsPerCPUSecond
+        }
     }
 
     // Pipelined updates on one connection, no subscribers: the per-update cost alone.
@@ -322,12 +330,14 @@ do {
                      String(format: "%.0f → %.0f", r.secondsWithSince * 1000, r.secondsWithout * 1000), "-", "-"))
     }
 
-    // 6. Scaling: --threads 1 vs 2 on dense fan-out of model views (the work the pool parallelizes).
+    // 6. Scaling: --threads 1 vs 2 on dense fan-out of model views, each
+    // connection's trees its own (the work the pool parallelizes).
     var perThreads: [Int: Double] = [:]
     for t in progress("scaling, --threads 1 vs 2") ? [1, 2] : [] {
         let (cp, c) = try concord(threads: t)
         try c.prepare(channels: 100, offset: 0)
-        perThreads[t] = try fanout(c, server: cp, subscribers: 100, perConnection: 100, stride: 0, channels: 100, duration: d, model: true).eventsPerSecond
+        perThreads[t] = try fanout(c, server: cp, subscribers: 100, perConnection: 100, stride: 0, channels: 100, duration: d, model: true,
+                                   distinct: true).eventsPerSecond
         cp.stop()
     }
     if !perThreads.isEmpty {
