@@ -335,6 +335,7 @@ extension Engine {
         var ids = view.ids
         var idsFresh = true
         var forced = false
+        var touched = false
         var result = ModelRender()
         let requiredFn: (String) -> Set<String>? = { self.store.requiredMembers($0) }
         for e in effects {
@@ -349,6 +350,7 @@ extension Engine {
                 if c {
                     t = nt
                     idsFresh = false
+                    touched = true
                 }
                 if u.force { forced = true }
             case .delete(let d):
@@ -360,13 +362,30 @@ extension Engine {
                 case .kept(let nt):
                     t = nt
                     idsFresh = false
+                    touched = true
                 }
             }
         }
-        if !idsFresh { ids = tree.identitySet(t, expected: ids.count) }
-        result.newIDs = ids
         let old = view.tree
-        let changed = t != old
+        // What changed, from one walk of both trees (`Tree.diff`): the tree
+        // changes only where an entity was swapped, merged or pruned, so it
+        // changed exactly when an identity is listed. When every identity
+        // kept its place (`changedInSameShape`), the view watches the same
+        // ones: its identity set is not built again.
+        var lists: (changed: [String], deleted: [String]) = ([], [])
+        if touched {
+            if let same = tree.changedInSameShape(old, t) {
+                lists = (same, [])
+            } else {
+                lists = tree.diffByIdentities(old: old, new: t)
+                result.newIDs = idsFresh ? ids : tree.identitySet(t, expected: ids.count)
+            }
+        }
+        let changed = !lists.changed.isEmpty || !lists.deleted.isEmpty
+        if configuration.internalChecks {
+            if changed != (t != old) { preconditionFailure("Concord internal check failed: a model view's diff says \(changed) but its trees say \(t != old)") }
+            if result.newIDs == nil && tree.identitySet(t) != view.ids { preconditionFailure("Concord internal check failed: a model view's identities moved but were kept") }
+        }
         view.tree = t
         result.changed = changed
         guard changed || forced else { return result }
@@ -379,7 +398,7 @@ extension Engine {
         var w = JSONWriter(adopting: buffer)
         buffer = []
         if w.bytes.capacity < 512 { w.bytes.reserveCapacity(512) }
-        writeDocumentBody(&w, old: old, new: t, context: context)
+        writeDocumentBody(&w, old: old, new: t, context: context, lists: lists)
         result.payload = OutputBytes.copy(w.bytes)
         w.bytes.removeAll(keepingCapacity: true)
         swap(&buffer, &w.bytes)

@@ -337,8 +337,9 @@ extension Engine {
     /// `valueChanged`: when `old` and `new` are the store's document before
     /// and after a mutation, the entities it changed (see `Tree.diff`).
     /// `onlyChanged`: the caller knows the one identity that changed, and that none was deleted.
+    /// `lists`: the caller's `Tree.diff` of `old` and `new` (not computed again).
     func writeDocumentBody(_ w: inout JSONWriter, old: JSON?, new: JSON?, context: JSON?, valueChanged: ChangeSet? = nil,
-                           onlyChanged: String? = nil) {
+                           onlyChanged: String? = nil, lists: (changed: [String], deleted: [String])? = nil) {
         if let id = onlyChanged {
             w.raw(",\"model\":")
             writeStored(&w, new ?? .null)
@@ -348,7 +349,7 @@ extension Engine {
             writeContextAndEnd(&w, context)
             return
         }
-        let (changed, deleted) = tree.diff(old: old, new: new, valueChanged: valueChanged)
+        let (changed, deleted) = lists ?? tree.diff(old: old, new: new, valueChanged: valueChanged)
         w.raw(",\"model\":")
         writeStored(&w, new ?? .null)
         w.raw(",\"changed\":[")
@@ -405,16 +406,47 @@ extension Engine {
         writeContextAndEnd(&w, context)
     }
 
-    /// A stored value, spliced from the request line when it is the very
-    /// object the running request's `model` was parsed into (one buffer of
-    /// members: the same value, so its encoding is those bytes — a write
-    /// stores the model's own tree unless it has to build another).
+    /// A stored value, encoded as `JSONWriter.value` does, except that the
+    /// very object the running request's `model` was parsed into, at any
+    /// depth, is spliced from the request line (one buffer of members: the
+    /// same value, so its encoding is those bytes — a write stores the
+    /// model's own tree unless it has to build another). At the root: a
+    /// key's document or a model view that is the written entity; below it:
+    /// a model view or a document holding it.
     func writeStored(_ w: inout JSONWriter, _ value: JSON) {
-        if let (model, members) = verbatimModel, case .object(let o) = value,
-           sameBuffer(o.members, members) || (verbatimShared.map { sameBuffer(o.members, $0) } ?? false) {
-            w.raw(model.line, model.range)
-            splicedValues.add(1, ordering: .relaxed)
-        } else {
+        guard let (model, members) = verbatimModel else { return w.value(value) }
+        writeSplicing(&w, value, model, members, verbatimShared)
+    }
+
+    private func writeSplicing(_ w: inout JSONWriter, _ value: JSON, _ model: VerbatimModel, _ members: [JSONObject.Member],
+                               _ shared: [JSONObject.Member]?) {
+        switch value {
+        case .object(let o):
+            if sameBuffer(o.members, members) || (shared.map { sameBuffer(o.members, $0) } ?? false) {
+                w.raw(model.line, model.range)
+                splicedValues.add(1, ordering: .relaxed)
+                return
+            }
+            w.raw("{")
+            o.members.withUnsafeBufferPointer { m in
+                for i in m.indices {
+                    if i > 0 { w.raw(",") }
+                    w.string(m[i].key)
+                    w.raw(":")
+                    writeSplicing(&w, m[i].value, model, members, shared)
+                }
+            }
+            w.raw("}")
+        case .array(let a):
+            w.raw("[")
+            a.withUnsafeBufferPointer { e in
+                for i in e.indices {
+                    if i > 0 { w.raw(",") }
+                    writeSplicing(&w, e[i], model, members, shared)
+                }
+            }
+            w.raw("]")
+        default:
             w.value(value)
         }
     }
