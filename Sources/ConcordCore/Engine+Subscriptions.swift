@@ -415,6 +415,12 @@ extension Engine {
     /// a model view or a document holding it.
     func writeStored(_ w: inout JSONWriter, _ value: JSON) {
         guard let (model, members) = verbatimModel else { return w.value(value) }
+        // The root first (a key's document, most model views): no walk.
+        if case .object(let o) = value, sameBuffer(o.members, members) || (verbatimShared.map { sameBuffer(o.members, $0) } ?? false) {
+            w.raw(model.line, model.range)
+            splicedValues.add(1, ordering: .relaxed)
+            return
+        }
         writeSplicing(&w, value, model, members, verbatimShared)
     }
 

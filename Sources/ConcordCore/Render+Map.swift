@@ -11,16 +11,29 @@ enum Rendered {
 
 /// The outcome of rendering one model view for one mutation.
 struct ModelRender {
-    /// The tree's root entity was deleted: every subscriber gets `delete`.
-    var ended = false
     var newIDs: Set<String>? = nil
-    /// The tree is not what it was (an event forced by `force` has it false).
-    var changed = false
     /// The body of the view's `update` event, shared by its subscribers.
     var payload: OutputBytes? = nil
+    /// The three flags below in one byte: the result is copied into and out
+    /// of a `RenderResults` slot, which stays a plain copy at this size.
+    private var flags: UInt8 = 0
+
+    /// The tree's root entity was deleted: every subscriber gets `delete`.
+    var ended: Bool {
+        get { flags & 1 != 0 }
+        set { flags = newValue ? flags | 1 : flags & ~1 }
+    }
+    /// The tree is not what it was (an event forced by `force` has it false).
+    var changed: Bool {
+        get { flags & 2 != 0 }
+        set { flags = newValue ? flags | 2 : flags & ~2 }
+    }
     /// Changed or forced, but its only subscriber gets no event (paused,
     /// or the writer's own): no body was written.
-    var unsent = false
+    var unsent: Bool {
+        get { flags & 4 != 0 }
+        set { flags = newValue ? flags | 4 : flags & ~4 }
+    }
 }
 
 /// The map step's output: one slot per job, each written by exactly one
