@@ -175,6 +175,8 @@ public final class Engine {
     var modelShares: [String: [ModelView]] = [:]
     /// The next model view's `serial`.
     var modelViewSerial = 0
+    /// Numbers render plans, so a plan lists each model view once (`ModelView.planMark`).
+    var modelPlanMark = 0
     var keyViews = NameTable<KeySubscribers>()
     var collectionViews = NameTable<CollectionView>()
     /// Identity → the `ids` subscriptions listing it.

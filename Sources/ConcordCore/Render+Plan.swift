@@ -38,11 +38,16 @@ extension Engine {
         // Model views holding any identity the mutation touched.
         if !modelWatchers.isEmpty {
             var models: [ModelView] = []
-            var seenModels: Set<ObjectIdentifier> = []
+            // Each view once: marked with this plan's number (no set of them).
+            modelPlanMark &+= 1
+            let mark = modelPlanMark
             func collect(_ ids: some Sequence<String>) {
                 for id in ids {
                     guard let ws = modelWatchers[id] else { continue }
-                    for (oid, v) in ws where seenModels.insert(oid).inserted { models.append(v) }
+                    for (_, v) in ws where v.planMark != mark {
+                        v.planMark = mark
+                        models.append(v)
+                    }
                 }
             }
             for e in effects {

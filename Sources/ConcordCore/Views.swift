@@ -24,6 +24,8 @@ final class ModelView: SharedView {
     /// Fixes the order of the model jobs of one mutation (views are made
     /// in the engine's one total order, so every run numbers them alike).
     let serial: Int
+    /// The number of the last render plan that listed this view (`Engine.modelPlanMark`).
+    var planMark = 0
 
     init(tree: JSON, ids: Set<String>, root: String?, serial: Int) {
         self.tree = tree
