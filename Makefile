@@ -27,11 +27,14 @@ run: release
 
 # Builds everything (the server binary is what the integration tests spawn),
 # runs every test, then builds an outside package that depends on a clone of
-# this repository by version tag and runs the README's snippet from there.
+# this repository by version tag and runs the README's snippet from there,
+# and builds the load-test benchmark (its own package: `make bench` must not
+# be the first to find it broken).
 test: deps
 	swift build
 	swift test $(SWIFT_TEST_FLAGS)
 	scripts/outside-package-test.sh
+	cd Benchmarks/ConcordBench && swift build
 
 # Longer randomized runs (see README, "Soak").
 soak: deps

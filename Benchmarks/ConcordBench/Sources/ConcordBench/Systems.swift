@@ -23,6 +23,13 @@ protocol System: Sendable {
     func readReplies(_ c: Conn, _ n: Int)
 }
 
+extension System {
+    /// Key subscriptions, or model views with the same trees on every connection.
+    func subscribe(_ range: Range<Int>, model: Bool) -> (bytes: [UInt8], replies: Int) {
+        subscribe(range, model: model, distinct: false, viewer: 0)
+    }
+}
+
 func payload(_ id: String, _ stamp: UInt64, _ unique: Int = 0) -> String {
     #"{"id":"\#(id)","t":\#(stamp),"name":"Ada Lovelace","title":"Analyst","bio":"First to publish an algorithm intended for a machine; notes on the Analytical Engine.","tags":["math","poetry"],"v":\#(unique)}"#
 }
