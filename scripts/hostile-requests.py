@@ -87,6 +87,21 @@ def main():
         r = c.req({"op": "subscribe", "sub": "ok8000", "query": {"type": "Post", "order": [{"path": f"k{i}"} for i in range(8000)]}})
         return "ok" if r.get("ok") else "refused: " + r["error"]["code"]
     case("8,000 order keys", orderkeys, by)
+    # Model views that share a root: a subscribe compares its tree with at
+    # most 8 listed ones, within a bounded number of values (the trees
+    # below differ only at their end; equal small ones share one view).
+    m = Conn(sock)
+    ntree = 10_000 if QUICK else 100_000
+    def near_copies():
+        bad = 0
+        for i in range(12):
+            r = m.req({"op": "subscribe", "sub": f"near{i}", "model": {"id": "Post:1", "list": list(range(ntree)) + [i]}})
+            bad += 0 if r.get("ok") else 1
+        return f"12 subscribes, {bad} refused"
+    case(f"subscribe 12 model trees of {ntree:,} values, alike but for their end", near_copies, by)
+    nshared = 200 if QUICK else 1000
+    case(f"subscribe {nshared:,} equal model trees of 1,000 values (pipelined)",
+         build_on(m, nshared, None, lambda i: {"op": "subscribe", "sub": f"eq{i}", "model": {"id": "Post:2", "list": list(range(1000))}}), by)
     # Many views on one connection, then close it.
     nviews = 4000 if QUICK else 40_000
     v = Conn(sock)
@@ -123,10 +138,11 @@ def main():
     # The socket's directory (its log only, after a clean stop) goes too.
     shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
 
-def build_on(conn, n, q):
+def build_on(conn, n, q, request=None):
     # Written from a thread while the responses are read: a client that
     # writes without reading is (rightly) flow-controlled.
-    data = "".join(json.dumps({"op": "subscribe", "sub": f"v{i}", "query": q(i)}, separators=(",", ":")) + "\n" for i in range(n)).encode()
+    request = request or (lambda i: {"op": "subscribe", "sub": f"v{i}", "query": q(i)})
+    data = "".join(json.dumps(request(i), separators=(",", ":")) + "\n" for i in range(n)).encode()
     def run():
         t = threading.Thread(target=lambda: conn.s.sendall(data), daemon=True); t.start()
         bad = sum(1 for _ in range(n) if not conn.response().get("ok"))

@@ -160,6 +160,40 @@ struct ModelViewSharingTests {
         #expect(Self.views(h, "P:1") == n + 1)
     }
 
+    /// A subscribe compares at most `Engine.modelShareBudget` values
+    /// looking for a tree to share: a larger tree gets a view of its own,
+    /// and trees that differ only at their end cost the same bounded walk.
+    @Test func sharingComparesABoundedNumberOfValues() {
+        let h = EngineHarness()
+        let a = h.connect(), w = h.connect()
+        let big = (0..<Engine.modelShareBudget).map { "\($0)" }.joined(separator: ",")
+        let small = (0..<(Engine.modelShareBudget / 3)).map { "\($0)" }.joined(separator: ",")
+        a.ok(#"{"op":"subscribe","sub":"b1","model":{"id":"P:1","list":[\#(big)]}}"#)
+        a.ok(#"{"op":"subscribe","sub":"b2","model":{"id":"P:1","list":[\#(big)]}}"#)
+        #expect(Self.views(h, "P:1") == 2, "past the budget: not shared")
+        a.ok(#"{"op":"subscribe","sub":"s1","model":{"id":"P:2","list":[\#(small)]}}"#)
+        a.ok(#"{"op":"subscribe","sub":"s2","model":{"id":"P:2","list":[\#(small)]}}"#)
+        #expect(Self.views(h, "P:2") == 1, "within it: shared")
+        // Three near-copies listed, each a third of the budget to compare:
+        // a copy of the third is not found (the budget ends inside it).
+        a.ok(#"{"op":"subscribe","sub":"n1","model":{"id":"P:3","list":[\#(small),1]}}"#)
+        a.ok(#"{"op":"subscribe","sub":"n2","model":{"id":"P:3","list":[\#(small),2]}}"#)
+        a.ok(#"{"op":"subscribe","sub":"n3","model":{"id":"P:3","list":[\#(small),3]}}"#)
+        a.ok(#"{"op":"subscribe","sub":"n4","model":{"id":"P:3","list":[\#(small),3]}}"#)
+        #expect(Self.views(h, "P:3") == 4, "the budget is spent on the first near-copies")
+        func alike(_ x: String, _ y: String, _ budget: Int) -> Bool {
+            var b = budget
+            return Engine.writtenAlike(json(x), json(y), budget: &b)
+        }
+        #expect(alike(#"{"a":[1,{"b":2}]}"#, #"{"a":[1,{"b":2}]}"#, 100))
+        #expect(!alike(#"{"a":[1,{"b":2}]}"#, #"{"a":[1,{"b":2.0}]}"#, 100))
+        #expect(!alike(#"{"a":1,"b":2}"#, #"{"b":2,"a":1}"#, 100))
+        #expect(!alike(#"{"a":[1,{"b":2}]}"#, #"{"a":[1,{"b":2}]}"#, 3), "undecided within the budget")
+        // Every view still gets its events.
+        w.ok(#"{"op":"update","model":{"id":"P:3","list":[]}}"#)
+        #expect(a.take().count == 4)
+    }
+
     @Test func clearBreaksTheViewsHold() {
         let h = EngineHarness()
         let a = h.connect(), b = h.connect()
@@ -175,3 +209,4 @@ struct ModelViewSharingTests {
         #expect(h.engine.modelShares.isEmpty)
     }
 }
+
