@@ -63,42 +63,48 @@ public struct LineFramer: Sendable {
             }
             start = p + 1
         }
-        // The lines this read completes (up to its last newline), their ends
-        // noted (the first 1,024 of them, on the stack), and how many of
-        // their bytes will be passed on.
-        withUnsafeTemporaryAllocation(of: Int.self, capacity: 1024) { ends in
-            var last = -1, kept = 0, lines = 0, s = start
-            while s < n, let p = memchrNewline(base + s, n - s) {
-                if passesOn(base + s, p) { kept += p + 1 }
-                last = s + p
-                if lines < ends.count { ends[lines] = last }
-                lines += 1
-                s = last + 1
-            }
-            guard last >= 0 else {
-                keep(bytes, from: start, emit)
-                return
-            }
-            // Line k ends at `end(k)` (an offset in `bytes`).
-            var from = start
-            func end(_ k: Int) -> Int {
-                k < ends.count ? ends[k] : from + memchrNewline(base + from, n - from)!
-            }
-            if kept * 2 >= last + 1 - start {
-                let chunk = Array(UnsafeBufferPointer(start: base.assumingMemoryBound(to: UInt8.self) + start, count: last + 1 - start))
-                for k in 0 ..< lines {
-                    let e = end(k)
-                    finish(chunk[(from - start) ..< (e - start)], emit)
-                    from = e + 1
+        // The lines this read completes (up to its last newline), in groups
+        // of up to 128: their ends noted on the stack (1 KiB: a larger
+        // temporary allocation went to the heap, a malloc and a free per
+        // read, most of the framing of a request that arrives alone), and
+        // how many of their bytes will be passed on.
+        withUnsafeTemporaryAllocation(of: Int.self, capacity: 128) { ends in
+            var s = start
+            while true {
+                let first = s
+                var last = -1, kept = 0, lines = 0
+                while lines < ends.count, s < n, let p = memchrNewline(base + s, n - s) {
+                    if passesOn(base + s, p) { kept += p + 1 }
+                    last = s + p
+                    ends[lines] = last
+                    lines += 1
+                    s = last + 1
                 }
-            } else {
-                for k in 0 ..< lines {
-                    let e = end(k)
-                    finish(Array(UnsafeBufferPointer(start: base.assumingMemoryBound(to: UInt8.self) + from, count: e - from))[...], emit)
-                    from = e + 1
+                guard last >= 0 else {
+                    keep(bytes, from: first, emit)
+                    return
+                }
+                // One array for the group's lines when they are most of its
+                // bytes (they share it as slices), else each line its own.
+                var from = first
+                if kept * 2 >= last + 1 - first {
+                    let chunk = Array(UnsafeBufferPointer(start: base.assumingMemoryBound(to: UInt8.self) + first, count: last + 1 - first))
+                    for k in 0 ..< lines {
+                        finish(chunk[(from - first) ..< (ends[k] - first)], emit)
+                        from = ends[k] + 1
+                    }
+                } else {
+                    for k in 0 ..< lines {
+                        finish(Array(UnsafeBufferPointer(start: base.assumingMemoryBound(to: UInt8.self) + from, count: ends[k] - from))[...], emit)
+                        from = ends[k] + 1
+                    }
+                }
+                // A full group: more lines may follow.
+                if lines < ends.count {
+                    keep(bytes, from: last + 1, emit)
+                    return
                 }
             }
-            keep(bytes, from: last + 1, emit)
         }
     }
 

@@ -42,6 +42,27 @@ struct LineFramerTests {
         for case .line(let l) in out { #expect(l.startIndex == 0) }
     }
 
+    /// A read completing many lines frames them in groups of 128 (their
+    /// ends noted on the stack): every line comes out, in order, and the
+    /// lines of one group share one array.
+    @Test func aReadOfManyLinesFramesEveryLine() {
+        var text = ""
+        for i in 0..<1000 { text += i % 7 == 3 ? "  \n" : "x\(i)\n" }
+        var f = LineFramer(maxLineBytes: 64)
+        var out: [LineFramer.Frame] = []
+        f.feed(Array((text + "tail").utf8)) { out.append($0) }
+        let want = (0..<1000).filter { $0 % 7 != 3 }.map { Self.line("x\($0)") }
+        #expect(out == want)
+        // Line 128 (the first of the second group; blank lines count) starts its group's array.
+        var starts: [Int] = []
+        for case .line(let l) in out { starts.append(l.startIndex) }
+        let firstOfSecondGroup = (0..<128).filter { $0 % 7 != 3 }.count
+        #expect(starts[0] == 0 && starts[1] > 0 && starts[firstOfSecondGroup] == 0)
+        out = []
+        f.feed(Array("\n".utf8)) { out.append($0) }
+        #expect(out == [Self.line("tail")])
+    }
+
     @Test(arguments: [1, 2, 3, 5, 8, 13, 100])
     func splitsLinesWhateverTheChunking(chunk: Int) {
         let input = Array("a\nbc\r\n\n  \t\r\nd e\n\rf\npartial".utf8)
