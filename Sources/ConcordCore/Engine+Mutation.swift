@@ -330,7 +330,7 @@ extension Engine {
     /// `update` event once for all its subscribers (`enqueueRender` adds
     /// each one's header): they all hold the tree as it was before.
     func renderModel(_ view: ModelView, _ effects: [ViewEffect], context: JSON?, origins: Set<ObjectIdentifier>,
-                     buffer: inout [UInt8]) -> ModelRender {
+                     buffer: inout [UInt8], slot: Int) -> ModelRender {
         var t = view.tree
         var ids = view.ids
         var idsFresh = true
@@ -399,9 +399,7 @@ extension Engine {
         buffer = []
         if w.bytes.capacity < 512 { w.bytes.reserveCapacity(512) }
         writeDocumentBody(&w, old: old, new: t, context: context, lists: lists)
-        result.payload = OutputBytes.copy(w.bytes)
-        w.bytes.removeAll(keepingCapacity: true)
-        swap(&buffer, &w.bytes)
+        result.payload = payloadBytes(&w, &buffer, slot: slot)
         return result
     }
 }

@@ -43,10 +43,24 @@ struct ModelRender {
 /// (no allocation per mutation once it is big enough).
 final class RenderResults: @unchecked Sendable {
     // Sendable: slot i is written only by item i, and read only after the
-    // executor's forEach returned (which orders the writes before the reads).
+    // executor's forEach returned (which orders the writes before the reads);
+    // scratch i likewise is touched only by item i during the step, and
+    // grown only in `reset`, before it.
     private var slots: UnsafeMutablePointer<Rendered>
     private var capacity: Int
     private(set) var count: Int
+
+    /// What the item of index i keeps from one mutation to the next: its
+    /// writer's buffer and a block for a short payload (no allocation per
+    /// job once they exist). For the first `scratchKept` indices only: the
+    /// memory kept is bounded whatever a mutation's number of jobs.
+    private struct Scratch {
+        var buffer: [UInt8] = []
+        var small: OutputBytes?
+    }
+    static let scratchKept = 1024
+    private var scratch: UnsafeMutablePointer<Scratch> = .allocate(capacity: 0)
+    private var scratchCount = 0
 
     init(count: Int) {
         self.count = count
@@ -55,8 +69,45 @@ final class RenderResults: @unchecked Sendable {
         slots.initialize(repeating: .none, count: count)
     }
 
+    /// The writer's buffer item `i` used last time (empty the first time).
+    func takeBuffer(_ i: Int) -> [UInt8] {
+        guard i < scratchCount else { return [] }
+        var b: [UInt8] = []
+        swap(&b, &scratch[i].buffer)
+        return b
+    }
+
+    /// Keeps item `i`'s buffer (emptied) for its next use, unless it grew past `limit`.
+    func keepBuffer(_ i: Int, _ buffer: inout [UInt8], limit: Int) {
+        guard i < scratchCount, buffer.capacity <= limit else { return }
+        buffer.removeAll(keepingCapacity: true)
+        swap(&buffer, &scratch[i].buffer)
+    }
+
+    /// A block of `OutputQueue.copyLimit` bytes for item `i`'s short
+    /// payload: the one it used last time when nothing holds it any more
+    /// (every queue copies a payload that short, so after the previous
+    /// mutation's enqueue step nothing does; the check keeps a held one
+    /// from being written over all the same), else a new one.
+    func smallBlock(_ i: Int) -> OutputBytes {
+        guard i < scratchCount else { return OutputBytes.block(capacity: OutputQueue.copyLimit) }
+        if scratch[i].small != nil, isKnownUniquelyReferenced(&scratch[i].small) { return scratch[i].small! }
+        let b = OutputBytes.block(capacity: OutputQueue.copyLimit)
+        scratch[i].small = b
+        return b
+    }
+
     /// Empties every slot (releasing what it held) and makes `n` empty ones.
     func reset(count n: Int) {
+        let want = Swift.min(n, Self.scratchKept)
+        if want > scratchCount {
+            let grown = UnsafeMutablePointer<Scratch>.allocate(capacity: want)
+            grown.moveInitialize(from: scratch, count: scratchCount)
+            (grown + scratchCount).initialize(repeating: Scratch(), count: want - scratchCount)
+            scratch.deallocate()
+            scratch = grown
+            scratchCount = want
+        }
         slots.destroy(count: count)
         if n > capacity {
             slots.deallocate()
@@ -70,6 +121,8 @@ final class RenderResults: @unchecked Sendable {
     deinit {
         slots.deinitialize(count: count)
         slots.deallocate()
+        scratch.deinitialize(count: scratchCount)
+        scratch.deallocate()
     }
 
     subscript(i: Int) -> Rendered {
@@ -98,14 +151,16 @@ extension Engine {
             var buffer = renderBuffer
             renderBuffer = []
             results[0] = renderJob(jobs[0], effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged,
-                                   buffer: &buffer, alone: true)
+                                   buffer: &buffer, slot: -1)
             if buffer.capacity <= OutputQueue.scratchLimit * 16 { renderBuffer = buffer }
             return results
         }
+        // Each item's buffer and short-payload block are its index's, kept in `results`.
         executor.forEach(jobs.count) { i in
-            var buffer: [UInt8] = []
+            var buffer = results.takeBuffer(i)
             results[i] = self.renderJob(jobs[i], effects: effects, seq: seq, origins: origins, context: context, valueChanged: valueChanged,
-                                        buffer: &buffer, alone: false)
+                                        buffer: &buffer, slot: i)
+            results.keepBuffer(i, &buffer, limit: OutputQueue.scratchLimit)
         }
         return results
     }
@@ -119,16 +174,21 @@ extension Engine {
     }
 
     /// The bytes `w` wrote, as the job's payload; its buffer, emptied, goes back to `buffer`.
-    /// `alone`: the mutation's only job, rendered on the sequencer: a short
-    /// payload goes into the engine's `smallPayload` when nothing holds it
-    /// any more (every queue copies a payload that short, so after the
-    /// previous mutation's enqueue step nothing does; the check keeps a
-    /// held one from being written over all the same).
-    private func payload(_ w: inout JSONWriter, _ buffer: inout [UInt8], changed: Bool, alone: Bool) -> Rendered {
+    private func payload(_ w: inout JSONWriter, _ buffer: inout [UInt8], changed: Bool, slot: Int) -> Rendered {
+        .payload(payloadBytes(&w, &buffer, slot: slot), changed: changed)
+    }
+
+    /// The bytes `w` wrote, as one block every subscriber's queue can take;
+    /// the writer's buffer, emptied, goes back to `buffer`. A short payload
+    /// goes into a block kept for the job's `slot` (`RenderResults.smallBlock`),
+    /// or, for the mutation's only job (`slot` −1, rendered on the
+    /// sequencer), into the engine's `smallPayload`, when nothing holds it
+    /// any more.
+    func payloadBytes(_ w: inout JSONWriter, _ buffer: inout [UInt8], slot: Int) -> OutputBytes {
         let out: OutputBytes
         let n = w.bytes.count
-        if alone && n <= OutputQueue.copyLimit && isKnownUniquelyReferenced(&smallPayload) {
-            out = smallPayload
+        if n <= OutputQueue.copyLimit && (slot >= 0 || isKnownUniquelyReferenced(&smallPayload)) {
+            out = slot >= 0 ? renderResults.smallBlock(slot) : smallPayload
             w.bytes.withUnsafeBytes { src in
                 if let s = src.baseAddress { out.base.copyMemory(from: s, byteCount: n) }
             }
@@ -138,14 +198,14 @@ extension Engine {
         }
         w.bytes.removeAll(keepingCapacity: true)
         swap(&buffer, &w.bytes)
-        return .payload(out, changed: changed)
+        return out
     }
 
     private func renderJob(_ job: RenderPlan.Job, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?,
-                           valueChanged: ChangeSet, buffer: inout [UInt8], alone: Bool) -> Rendered {
+                           valueChanged: ChangeSet, buffer: inout [UInt8], slot: Int) -> Rendered {
         switch job {
         case .model(let view):
-            return .model(renderModel(view, effects, context: context, origins: origins, buffer: &buffer))
+            return .model(renderModel(view, effects, context: context, origins: origins, buffer: &buffer, slot: slot))
         case .key(let view, let forced, let ended, let known):
             if ended { return .none }
             // Running subscribers of a key always hold the document as of the
@@ -186,16 +246,16 @@ extension Engine {
                 preconditionFailure("Concord internal check failed: the document of entity '\(id)' changed more than the entity")
             }
             writeDocumentBody(&w, old: old, new: new, context: context, valueChanged: valueChanged, onlyChanged: known)
-            return payload(&w, &buffer, changed: changed, alone: alone)
+            return payload(&w, &buffer, changed: changed, slot: slot)
         case .list(let view, let ended, let changed, let changes):
             guard !ended && !changes.isEmpty else { return .none }
             var w = writer(&buffer, capacity: 256)
             writeCollectionBody(&w, name: view.name, changes: changes, context: context)
-            return payload(&w, &buffer, changed: changed, alone: alone)
+            return payload(&w, &buffer, changed: changed, slot: slot)
         case .entity(let id, let changed):
             var w = writer(&buffer, capacity: 256)
             writeEntityBody(&w, id: id, value: store.entity(id) ?? .null, context: context)
-            return payload(&w, &buffer, changed: changed, alone: alone)
+            return payload(&w, &buffer, changed: changed, slot: slot)
         }
     }
 }
