@@ -22,11 +22,18 @@ struct ModelViewSharingTests {
         return String(decoding: w.bytes, as: UTF8.self)
     }
 
-    @Test func equalTreesShareAViewAndGetTheSameEvents() {
+    /// A harness where `a` subscribes `x` and `b` subscribes `y` to
+    /// `tree`, and `w` writes.
+    static func twoSubscribers() -> (EngineHarness, TestConn, TestConn, TestConn) {
         let h = EngineHarness()
         let a = h.connect(), b = h.connect(), w = h.connect()
-        a.ok(#"{"op":"subscribe","sub":"x","model":\#(Self.tree)}"#)
-        b.ok(#"{"op":"subscribe","sub":"y","model":\#(Self.tree)}"#)
+        a.ok(#"{"op":"subscribe","sub":"x","model":\#(tree)}"#)
+        b.ok(#"{"op":"subscribe","sub":"y","model":\#(tree)}"#)
+        return (h, a, b, w)
+    }
+
+    @Test func equalTreesShareAViewAndGetTheSameEvents() {
+        let (h, a, b, w) = Self.twoSubscribers()
         b.ok(#"{"op":"subscribe","sub":"z","model":\#(Self.tree)}"#)
         #expect(Self.views(h, "P:1") == 1)
         #expect(Self.views(h, "P:2") == 1)
@@ -63,10 +70,7 @@ struct ModelViewSharingTests {
     }
 
     @Test func aPausedSubscriberCatchesUpFromWhatItWasSent() {
-        let h = EngineHarness()
-        let a = h.connect(), b = h.connect(), w = h.connect()
-        a.ok(#"{"op":"subscribe","sub":"x","model":\#(Self.tree)}"#)
-        b.ok(#"{"op":"subscribe","sub":"y","model":\#(Self.tree)}"#)
+        let (h, a, b, w) = Self.twoSubscribers()
         a.ok(#"{"op":"pause","sub":"x"}"#)
         w.ok(#"{"op":"update","model":{"id":"P:2","name":"Bob"},"context":"c1"}"#)
         w.ok(#"{"op":"update","model":{"id":"P:1","name":"Anne","friend":{"id":"P:2","name":"Bob"}},"context":"c2"}"#)
@@ -91,10 +95,7 @@ struct ModelViewSharingTests {
     }
 
     @Test func theWritersOwnSubscriptionIsSkippedAndTheOthersAreNot() {
-        let h = EngineHarness()
-        let a = h.connect(), b = h.connect()
-        a.ok(#"{"op":"subscribe","sub":"x","model":\#(Self.tree)}"#)
-        b.ok(#"{"op":"subscribe","sub":"y","model":\#(Self.tree)}"#)
+        let (h, a, b, _) = Self.twoSubscribers()
         a.ok(#"{"op":"update","model":{"id":"P:2","name":"Bob"},"origin":"x"}"#)
         #expect(a.take().isEmpty)
         #expect(b.take().first?["model"]?["friend"]?["name"] == "Bob")
@@ -104,10 +105,7 @@ struct ModelViewSharingTests {
     }
 
     @Test func deletingTheRootEndsEverySubscriberAndTheView() {
-        let h = EngineHarness()
-        let a = h.connect(), b = h.connect(), w = h.connect()
-        a.ok(#"{"op":"subscribe","sub":"x","model":\#(Self.tree)}"#)
-        b.ok(#"{"op":"subscribe","sub":"y","model":\#(Self.tree)}"#)
+        let (h, a, b, w) = Self.twoSubscribers()
         b.ok(#"{"op":"pause","sub":"y"}"#)
         weak var view: ModelView?
         view = h.engine.modelWatchers["P:1"]?.values.first
@@ -121,10 +119,7 @@ struct ModelViewSharingTests {
     }
 
     @Test func subscribersComeAndGo() {
-        let h = EngineHarness()
-        let a = h.connect(), b = h.connect(), w = h.connect()
-        a.ok(#"{"op":"subscribe","sub":"x","model":\#(Self.tree)}"#)
-        b.ok(#"{"op":"subscribe","sub":"y","model":\#(Self.tree)}"#)
+        let (h, a, b, w) = Self.twoSubscribers()
         weak var view: ModelView?
         view = h.engine.modelWatchers["P:1"]?.values.first
         a.ok(#"{"op":"unsubscribe","sub":"x"}"#)
@@ -195,10 +190,7 @@ struct ModelViewSharingTests {
     }
 
     @Test func clearBreaksTheViewsHold() {
-        let h = EngineHarness()
-        let a = h.connect(), b = h.connect()
-        a.ok(#"{"op":"subscribe","sub":"x","model":\#(Self.tree)}"#)
-        b.ok(#"{"op":"subscribe","sub":"y","model":\#(Self.tree)}"#)
+        let (h, a, b, _) = Self.twoSubscribers()
         b.ok(#"{"op":"subscribe","sub":"plain","model":{"no":"entity"}}"#)
         weak var shared: ModelView?, plain: ModelView?
         shared = h.engine.modelWatchers["P:1"]?.values.first
