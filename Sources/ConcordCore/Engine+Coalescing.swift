@@ -33,6 +33,15 @@ extension Engine {
         s.pause = state
     }
 
+    /// A paused or held-back subscription's view changed: its catch-up
+    /// carries `context`, and a held-back one is owed a coalesced event.
+    @inline(__always)
+    func noteChange(_ s: SubscriptionRecord, _ p: PauseState, context: JSON?) {
+        p.changed = true
+        p.context = context
+        noteHeldBack(s, p)
+    }
+
     /// A held-back subscription changed: it is owed a coalesced event.
     @inline(__always)
     func noteHeldBack(_ s: SubscriptionRecord, _ p: PauseState) {

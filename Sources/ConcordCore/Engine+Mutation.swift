@@ -267,11 +267,7 @@ extension Engine {
             // The connection outlives its subscriptions: borrowed, not retained.
             Unmanaged.passUnretained(s.client)._withUnsafeGuaranteedRef { c in
                 if !c.pauses.isEmpty, let p = c.pauses[ObjectIdentifier(s)] {
-                    if changed {
-                        p.changed = true
-                        p.context = context
-                        noteHeldBack(s, p)
-                    }
+                    if changed { noteChange(s, p, context: context) }
                     return
                 }
                 if !origins.isEmpty && origins.contains(ObjectIdentifier(s)) { return }
@@ -313,9 +309,7 @@ extension Engine {
                 p.entities[id] = store.valueBeforeMutation(id)
                 p.order.append(id)
             }
-            p.changed = true
-            p.context = context
-            noteHeldBack(s, p)
+            noteChange(s, p, context: context)
             return
         }
         if !origins.isEmpty && origins.contains(ObjectIdentifier(s)) { return }
@@ -395,9 +389,7 @@ extension Engine {
             result.unsent = true
             return result
         }
-        var w = JSONWriter(adopting: buffer)
-        buffer = []
-        if w.bytes.capacity < 512 { w.bytes.reserveCapacity(512) }
+        var w = writer(&buffer, capacity: 512)
         writeDocumentBody(&w, old: old, new: t, context: context, lists: lists)
         result.payload = payloadBytes(&w, &buffer, slot: slot)
         return result

@@ -452,6 +452,8 @@ extension Engine {
     func writeStored(_ w: inout JSONWriter, _ value: JSON) {
         guard let (model, members) = verbatimModel else { return w.value(value) }
         // The root first (a key's document, most model views): no walk.
+        // Written out here, not through `splice`: passing the tuple's parts
+        // on cost a copy and a retain and release per update.
         if case .object(let o) = value, sameBuffer(o.members, members) || (verbatimShared.map { sameBuffer(o.members, $0) } ?? false) {
             w.raw(model.line, model.range)
             splicedValues.add(1, ordering: .relaxed)
@@ -460,15 +462,22 @@ extension Engine {
         writeSplicing(&w, value, model, members, verbatimShared)
     }
 
+    /// Writes `o` from the request line when it is the request's model (or
+    /// the stored tree it shares); false, writing nothing, otherwise.
+    @inline(__always)
+    private func splice(_ w: inout JSONWriter, _ o: JSONObject, _ model: VerbatimModel, _ members: [JSONObject.Member],
+                        _ shared: [JSONObject.Member]?) -> Bool {
+        guard sameBuffer(o.members, members) || (shared.map { sameBuffer(o.members, $0) } ?? false) else { return false }
+        w.raw(model.line, model.range)
+        splicedValues.add(1, ordering: .relaxed)
+        return true
+    }
+
     private func writeSplicing(_ w: inout JSONWriter, _ value: JSON, _ model: VerbatimModel, _ members: [JSONObject.Member],
                                _ shared: [JSONObject.Member]?) {
         switch value {
         case .object(let o):
-            if sameBuffer(o.members, members) || (shared.map { sameBuffer(o.members, $0) } ?? false) {
-                w.raw(model.line, model.range)
-                splicedValues.add(1, ordering: .relaxed)
-                return
-            }
+            if splice(&w, o, model, members, shared) { return }
             w.raw("{")
             o.members.withUnsafeBufferPointer { m in
                 for i in m.indices {

@@ -20,9 +20,7 @@ extension Engine {
                 if let payload = r.payload {
                     send(payload, to: view, event: "update", seq: seq, changed: r.changed, origins: origins, context: context)
                 } else if r.unsent, r.changed, let s = view.only, let p = s.pause {
-                    p.changed = true
-                    p.context = context
-                    noteHeldBack(s, p)
+                    noteChange(s, p, context: context)
                 }
                 if let newIDs = r.newIDs, newIDs != view.ids {
                     let oid = ObjectIdentifier(view)

@@ -166,7 +166,7 @@ extension Engine {
     }
 
     /// A writer over `buffer` (empty: `payload` leaves it so) with room for `capacity` bytes.
-    private func writer(_ buffer: inout [UInt8], capacity: Int) -> JSONWriter {
+    func writer(_ buffer: inout [UInt8], capacity: Int) -> JSONWriter {
         var w = JSONWriter(adopting: buffer)
         buffer = []
         if w.bytes.capacity < capacity { w.bytes.reserveCapacity(capacity) }
@@ -174,6 +174,7 @@ extension Engine {
     }
 
     /// The bytes `w` wrote, as the job's payload; its buffer, emptied, goes back to `buffer`.
+    @inline(__always)
     private func payload(_ w: inout JSONWriter, _ buffer: inout [UInt8], changed: Bool, slot: Int) -> Rendered {
         .payload(payloadBytes(&w, &buffer, slot: slot), changed: changed)
     }
@@ -184,21 +185,31 @@ extension Engine {
     /// or, for the mutation's only job (`slot` −1, rendered on the
     /// sequencer), into the engine's `smallPayload`, when nothing holds it
     /// any more.
+    @inline(__always)
     func payloadBytes(_ w: inout JSONWriter, _ buffer: inout [UInt8], slot: Int) -> OutputBytes {
-        let out: OutputBytes
         let n = w.bytes.count
-        if n <= OutputQueue.copyLimit && (slot >= 0 || isKnownUniquelyReferenced(&smallPayload)) {
-            out = slot >= 0 ? renderResults.smallBlock(slot) : smallPayload
-            w.bytes.withUnsafeBytes { src in
-                if let s = src.baseAddress { out.base.copyMemory(from: s, byteCount: n) }
-            }
-            out.header = n
+        let out: OutputBytes
+        if n <= OutputQueue.copyLimit && slot < 0 && isKnownUniquelyReferenced(&smallPayload) {
+            out = smallPayload
+            fill(out, from: w.bytes)
+        } else if n <= OutputQueue.copyLimit && slot >= 0 {
+            out = renderResults.smallBlock(slot)
+            fill(out, from: w.bytes)
         } else {
             out = OutputBytes.copy(w.bytes)
         }
         w.bytes.removeAll(keepingCapacity: true)
         swap(&buffer, &w.bytes)
         return out
+    }
+
+    /// `bytes` into the start of `block` (at least as long), and its count.
+    @inline(__always)
+    private func fill(_ block: OutputBytes, from bytes: [UInt8]) {
+        bytes.withUnsafeBytes { src in
+            if let s = src.baseAddress { block.base.copyMemory(from: s, byteCount: src.count) }
+        }
+        block.header = bytes.count
     }
 
     private func renderJob(_ job: RenderPlan.Job, effects: [ViewEffect], seq: Int, origins: Set<ObjectIdentifier>, context: JSON?,

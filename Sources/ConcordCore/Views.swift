@@ -1,6 +1,5 @@
 import ConcordJSON
 
-/// A `model` subscription's private tree.
 /// A model view: one tree, rewritten by every mutation that touches it
 /// (PROTOCOL §3: "that tree, private to S"). Subscriptions whose trees are
 /// the same value, written the same way (members in the same order,
